@@ -1,0 +1,167 @@
+"""Patches that put a probe on vLLM's step path (vLLM V1, 0.11 and later; checked on 0.32).
+
+- ``EngineCore.step`` / ``step_with_batch_queue``: the engine core's step. ``step_fn`` is bound in
+  ``__init__``, so the class is patched before any engine is built (general plugins load first).
+- ``Worker.execute_model`` (+ ``sample_tokens`` when sampling is deferred to it): a worker's step.
+  CPU, XPU and other workers subclass the GPU ``Worker``.
+- ``AsyncLLM.__init__``: the API server, which records for the capture window on its event loop.
+
+Each patch is independent: one that fails is logged and the others still apply; the engine never
+fails to start because of this package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import logging
+from typing import Any, Callable
+
+from sidecar.probe import Probe
+from sidecar.protocol import ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER
+
+log = logging.getLogger(__name__)
+
+PROBE_ATTR = "_inference_sidecar_probe"
+PENDING_ATTR = "_inference_sidecar_pending_end"  # a worker step whose sampling is still to come
+MARK = "__inference_sidecar_wrapped__"
+_MISSING = object()
+
+
+def _engine_version() -> str:
+    try:
+        import vllm
+
+        return f"vllm {vllm.__version__}"
+    except Exception:
+        return "vllm"
+
+
+def _patch(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, MARK, False):
+        return
+    wrapped = functools.wraps(original)(make(original))
+    setattr(wrapped, MARK, True)
+    setattr(cls, name, wrapped)
+
+
+def _attach_probe(obj: Any, role: str, rank: int | None, loop=None) -> Probe | None:
+    """Give ``obj`` its probe once; a failure is stored as None so it is not retried every step."""
+    if PROBE_ATTR in obj.__dict__:
+        return obj.__dict__[PROBE_ATTR]
+    try:
+        probe = Probe(role, rank, engine=_engine_version(), loop=loop).start()
+    except Exception as exc:
+        log.warning("inference-sidecar: probe not started in %s: %s", role, exc)
+        probe = None
+    obj.__dict__[PROBE_ATTR] = probe
+    return probe
+
+
+# -- engine core ----------------------------------------------------------------------------------
+def _wrap_engine_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _attach_probe(self, ROLE_ENGINE_CORE, None)
+
+    return __init__
+
+
+def _wrap_engine_busy_loop(original):
+    # In the engine-core process vLLM loads general plugins inside EngineCore.__init__, after our
+    # __init__ patch could apply; the busy loop starts right after, so the probe attaches here.
+    def run_busy_loop(self, *args, **kwargs):
+        _attach_probe(self, ROLE_ENGINE_CORE, None)
+        return original(self, *args, **kwargs)
+
+    return run_busy_loop
+
+
+def _wrap_engine_step(original):
+    def step(self, *args, **kwargs):
+        probe = self.__dict__.get(PROBE_ATTR, _MISSING)
+        if probe is _MISSING:
+            probe = _attach_probe(self, ROLE_ENGINE_CORE, None)
+        if probe is None:
+            return original(self, *args, **kwargs)
+        probe.step_begin(self.scheduler.has_requests())
+        result = original(self, *args, **kwargs)
+        probe.step_end(bool(result[1]))
+        return result
+
+    return step
+
+
+# -- worker ---------------------------------------------------------------------------------------
+def _wrap_worker_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _attach_probe(self, ROLE_WORKER, getattr(self, "rank", None))
+
+    return __init__
+
+
+def _wrap_execute_model(original):
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        probe = self.__dict__.get(PROBE_ATTR)
+        if probe is None:
+            return original(self, scheduler_output, *args, **kwargs)
+        has_work = scheduler_output.total_num_scheduled_tokens > 0
+        probe.step_begin(has_work)
+        result = original(self, scheduler_output, *args, **kwargs)
+        if result is None:
+            # Sampling is deferred to sample_tokens(): the step ends there.
+            self.__dict__[PENDING_ATTR] = has_work
+        else:
+            probe.step_end(has_work)
+        return result
+
+    return execute_model
+
+
+def _wrap_sample_tokens(original):
+    def sample_tokens(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        pending = self.__dict__.pop(PENDING_ATTR, None)
+        if pending is not None:
+            self.__dict__[PROBE_ATTR].step_end(pending)
+        return result
+
+    return sample_tokens
+
+
+# -- API server -----------------------------------------------------------------------------------
+def _wrap_async_llm_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        _attach_probe(self, ROLE_API_SERVER, None, loop=loop)
+
+    return __init__
+
+
+PATCHES: tuple[tuple[str, str, str, Callable], ...] = (
+    ("vllm.v1.engine.core", "EngineCore", "__init__", _wrap_engine_init),
+    ("vllm.v1.engine.core", "EngineCore", "step", _wrap_engine_step),
+    ("vllm.v1.engine.core", "EngineCore", "step_with_batch_queue", _wrap_engine_step),
+    ("vllm.v1.engine.core", "EngineCoreProc", "run_busy_loop", _wrap_engine_busy_loop),
+    ("vllm.v1.worker.gpu_worker", "Worker", "__init__", _wrap_worker_init),
+    ("vllm.v1.worker.gpu_worker", "Worker", "execute_model", _wrap_execute_model),
+    ("vllm.v1.worker.gpu_worker", "Worker", "sample_tokens", _wrap_sample_tokens),
+    ("vllm.v1.engine.async_llm", "AsyncLLM", "__init__", _wrap_async_llm_init),
+)
+
+
+def install() -> None:
+    """Apply every patch (idempotent: vLLM may load plugins more than once per process)."""
+    for module_name, class_name, attr, make in PATCHES:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+            _patch(cls, attr, make)
+        except Exception as exc:
+            log.warning("inference-sidecar: cannot patch %s.%s.%s: %s", module_name, class_name, attr, exc)

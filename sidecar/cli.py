@@ -1,0 +1,50 @@
+"""The ``sidecar`` console command.
+
+Each sub-command lives with the concept it drives and registers itself through a small
+``register(subparsers)`` function, so this module stays a dispatcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+# Modules that contribute a sub-command: each has register(subparsers) which adds a parser whose
+# ``handler`` default is a callable taking the parsed args and returning an exit code.
+_COMMAND_MODULES = (
+    "sidecar.service.cli",
+    "sidecar.analysis.cli",
+    "sidecar.devtools.local_model",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="sidecar", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a module still being written must not break the others
+            if exc.name and exc.name.startswith(name.rsplit(".", 1)[0]):
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return int(handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Environment variables and defaults, one constant each.
+
+Constructor arguments and CLI flags override the environment; a bad environment value is logged and
+replaced by the default (it must never stop an engine from starting), a bad argument raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8787
+DEFAULT_HOST = "127.0.0.1"
+
+# Where probes find the sidecar. Default: the sidecar's default address on this host.
+ENV_ENDPOINT = "SIDECAR_ENDPOINT"
+DEFAULT_ENDPOINT = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+# Shared secret for the HTTP API and the probe channel. When unset the sidecar creates one in
+# ENV_TOKEN_FILE (mode 0600), which probes of the same user read: the probe channel is always
+# authenticated, and plain `curl` on loopback still works without a token.
+ENV_TOKEN = "SIDECAR_TOKEN"
+ENV_TOKEN_FILE = "SIDECAR_TOKEN_FILE"
+
+# Set to 1 to load the engine plugin without patching anything (baseline runs, emergencies).
+ENV_DISABLE = "SIDECAR_DISABLE"
+
+# Upper bounds that keep a capture's output finite. The sidecar's flags can lower or raise them.
+DEFAULT_MAX_STEPS = 1000
+DEFAULT_MAX_CAPTURE_MB = 1024
+DEFAULT_KEEP_CAPTURES = 20
+DEFAULT_CAPTURE_TIMEOUT_S = 120.0
+MAX_CAPTURE_TIMEOUT_S = 3600.0
+
+
+def default_token_file() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime else Path.home() / ".cache"
+    return base / "inference-sidecar" / "token"
+
+
+def token_file() -> Path:
+    value = os.environ.get(ENV_TOKEN_FILE)
+    return Path(value) if value else default_token_file()
+
+
+def endpoint() -> str:
+    value = os.environ.get(ENV_ENDPOINT, "").strip()
+    if not value:
+        return DEFAULT_ENDPOINT
+    if not value.startswith(("http://", "https://")):
+        log.warning("%s=%r is not an http(s) URL; using %s", ENV_ENDPOINT, value, DEFAULT_ENDPOINT)
+        return DEFAULT_ENDPOINT
+    return value.rstrip("/")
+
+
+def disabled() -> bool:
+    return os.environ.get(ENV_DISABLE, "").strip().lower() in ("1", "true", "yes", "on")

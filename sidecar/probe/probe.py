@@ -1,0 +1,130 @@
+"""The probe: one per engine process, called by the engine integration on every step.
+
+Engine integrations (``plugins/sidecar_vllm``, ...) call ``step_begin(has_work)`` before and
+``step_end(did_work)`` after each engine step. While no capture is armed each call is an attribute
+read and a comparison; the link thread swaps a capture in when the sidecar arms one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .. import config
+from ..protocol import ProcessIdentity, CaptureSpec
+from .link import SidecarLink
+from .recorder import StepCapture, WindowCapture
+
+log = logging.getLogger(__name__)
+
+
+def _warm_profiler_imports() -> None:
+    # torch.profiler's first start() imports torch._inductor (about 1 s, measured). Importing it here,
+    # on the link thread at start-up, keeps that second off the step that begins the first capture.
+    try:
+        importlib.import_module("torch._inductor.config")
+        importlib.import_module("torch.profiler")
+    except Exception as exc:  # pragma: no cover - depends on the torch build
+        log.debug("inference-sidecar: profiler warm-up import failed: %s", exc)
+
+
+class Probe:
+    def __init__(
+        self,
+        role: str,
+        rank: int | None = None,
+        *,
+        engine: str = "",
+        endpoint: str | None = None,
+        loop=None,
+        cuda_available: bool | None = None,
+    ) -> None:
+        if cuda_available is None:
+            cuda_available = _cuda_available()
+        self.identity = ProcessIdentity(
+            role=role, pid=os.getpid(), rank=rank, host=socket.gethostname(), cuda=cuda_available, engine=engine
+        )
+        self.steps = 0  # forward steps since start (steps with work)
+        self._capture: StepCapture | None = None
+        self._loop = loop  # asyncio loop for window captures (API server)
+        self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-sidecar-export")
+        self._link = SidecarLink(
+            endpoint or config.endpoint(),
+            self.identity,
+            on_message=self._on_message,
+            on_disconnect=self._on_disconnect,
+            heartbeat=lambda: {"steps": self.steps},
+            warmup=_warm_profiler_imports,
+        )
+
+    def start(self) -> "Probe":
+        self._link.start()
+        return self
+
+    def close(self) -> None:
+        self._link.close()
+        self._exporter.shutdown(wait=False)
+
+    @property
+    def connected(self):
+        return self._link.connected
+
+    # -- the step path: keep these lean ------------------------------------------------------------
+    def step_begin(self, has_work: bool) -> None:
+        capture = self._capture
+        if capture is not None:
+            capture.on_step_begin(has_work)
+
+    def step_end(self, did_work: bool) -> None:
+        if did_work:
+            self.steps += 1
+        capture = self._capture
+        if capture is not None:
+            capture.on_step_end(did_work)
+            if capture.finished:
+                self._capture = None
+
+    # -- the link thread ---------------------------------------------------------------------------
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "arm":
+            self._arm(CaptureSpec.from_dict(msg["capture"]))
+        elif kind == "stop":
+            capture = self._capture
+            if capture is not None and capture.spec.id == msg.get("capture_id"):
+                capture.request_stop(str(msg.get("reason") or "stopped"))
+
+    def _arm(self, spec: CaptureSpec) -> None:
+        current = self._capture
+        if current is not None and not current.finished:
+            self._link.send({"type": "capture", "capture_id": spec.id, "state": "failed",
+                             "steps_recorded": 0, "error": f"capture {current.spec.id} still running here"})
+            return
+        path = os.path.join(spec.out_dir, self.identity.file_stem + ".json")
+        if self.identity.step_driven:
+            self._capture = StepCapture(spec, path, self._link.send, self._exporter, self.identity.cuda)
+        elif self._loop is not None:
+            capture = WindowCapture(spec, path, self._link.send, self._exporter, self._loop, self.identity.cuda)
+            self._capture = capture
+            capture.begin()
+        else:
+            self._link.send({"type": "capture", "capture_id": spec.id, "state": "failed",
+                             "steps_recorded": 0, "error": "no event loop known in this process yet"})
+
+    def _on_disconnect(self) -> None:
+        capture = self._capture
+        if capture is not None:
+            capture.request_stop("sidecar disconnected")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False

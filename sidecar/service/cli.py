@@ -1,0 +1,68 @@
+"""``sidecar serve``: run the sidecar service beside an engine."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .. import auth, config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="run the sidecar HTTP service beside an engine")
+    p.add_argument("--host", default=config.DEFAULT_HOST, help="address to bind (default %(default)s)")
+    p.add_argument("--port", type=int, default=config.DEFAULT_PORT, help="port (default %(default)s)")
+    p.add_argument("--trace-dir", type=Path, default=Path("traces"), help="where captures are written (default ./traces)")
+    p.add_argument("--token", default=None, help=f"bearer token for the HTTP API and probes (or ${config.ENV_TOKEN}); required when --host is not loopback")
+    p.add_argument("--max-steps", type=int, default=config.DEFAULT_MAX_STEPS, help="largest steps= accepted (default %(default)s)")
+    p.add_argument("--max-capture-mb", type=int, default=config.DEFAULT_MAX_CAPTURE_MB, help="size limit of one capture's traces (default %(default)s MiB)")
+    p.add_argument("--keep", type=int, default=config.DEFAULT_KEEP_CAPTURES, help="finished captures kept on disk (default %(default)s)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(handler=_serve)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from .app import ServiceSettings, make_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
+    token = args.token or os.environ.get(config.ENV_TOKEN) or None
+    if not _is_loopback(args.host) and not token:
+        print(f"sidecar serve: binding {args.host} exposes the API beyond this host; "
+              f"give a token with --token or ${config.ENV_TOKEN}", file=sys.stderr)
+        return 2
+    for name in ("port", "max_steps", "max_capture_mb", "keep"):
+        if getattr(args, name) < (0 if name == "port" else 1):
+            print(f"sidecar serve: --{name.replace('_', '-')} must be positive", file=sys.stderr)
+            return 2
+    try:
+        probe_token = auth.ensure_token_file(config.token_file(), token)
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"sidecar serve: {exc}", file=sys.stderr)
+        return 2
+    settings = ServiceSettings(
+        trace_dir=args.trace_dir.resolve(),
+        probe_token=probe_token,
+        http_token=token,
+        max_steps=args.max_steps,
+        max_capture_bytes=args.max_capture_mb * 2**20,
+        keep=args.keep,
+    )
+    print(f"sidecar: listening on http://{args.host}:{args.port}  traces in {settings.trace_dir}", file=sys.stderr, flush=True)
+    web.run_app(make_app(settings), host=args.host, port=args.port, print=None, access_log=None)
+    return 0

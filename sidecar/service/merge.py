@@ -1,0 +1,189 @@
+"""Turn the per-process traces of one capture into what users download, off every engine process.
+
+Probes write plain Kineto JSON (the fastest thing torch can do while it holds the GIL); here, in the
+sidecar, each file is compressed, and all of them are merged into one gzip Chrome/Kineto trace in
+which every process has a clear name and all of them share one timeline:
+
+- Kineto writes ``ts`` relative to ``baseTimeNanoseconds`` (wall clock, per process); the merged
+  trace uses the smallest base and shifts the others by the difference.
+- device tracks (GPU kernels) use the device index as ``pid``, which would collide between ranks:
+  they get a pid of their own, named after the owning process.
+- flow ids (CPU launch → GPU kernel arrows) are made unique per process.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+log = logging.getLogger(__name__)
+
+MERGED_NAME = "trace.json.gz"
+SUMMARY_NAME = "summary.json"
+DEVICE_PID_BASE = 1 << 24  # above Linux's largest pid (2**22)
+FLOW_ID_STRIDE = 1 << 40
+ROLE_ORDER = {"api_server": 0, "engine_core": 1, "worker": 2}
+
+
+@dataclass
+class ProcessOutcome:
+    file: str | None = None
+    bytes: int = 0
+    error: str | None = None
+
+
+@dataclass
+class FinalizeResult:
+    trace_file: str | None = None
+    trace_bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+    processes: dict[str, ProcessOutcome] = field(default_factory=dict)
+    summary_file: str | None = None
+    headline: str | None = None
+
+
+def lower_priority() -> None:
+    """Executor thread initializer: compression and merging yield the CPU to the engine."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+
+
+def _sort_key(rec) -> tuple:
+    return (ROLE_ORDER.get(rec.role, 9), rec.rank or 0, rec.pid)
+
+
+def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) -> FinalizeResult:
+    """Compress, merge and analyse the raw traces of the finished processes in ``records``."""
+    result = FinalizeResult()
+    raw_dir = (capture_dir / "raw").resolve()
+    kept = []
+    total = 0
+    # Workers first: if the size limit bites, the GPU-side story is what matters most.
+    for rec in sorted(records, key=lambda r: (0 if r.role == "worker" else 1, *_sort_key(r))):
+        if rec.state != "done" or not rec.raw_file:
+            continue
+        raw = Path(rec.raw_file).resolve()
+        if raw.parent != raw_dir or not raw.is_file():
+            result.processes[rec.stem] = ProcessOutcome(error="trace file missing or outside the capture directory")
+            continue
+        size = raw.stat().st_size
+        if total + size > max_bytes:
+            result.processes[rec.stem] = ProcessOutcome(error=f"dropped: capture size limit of {max_bytes // 2**20} MiB reached")
+            result.problems.append(f"size limit of {max_bytes // 2**20} MiB reached")
+            raw.unlink(missing_ok=True)
+            continue
+        total += size
+        kept.append((rec, raw))
+
+    kept.sort(key=lambda item: _sort_key(item[0]))
+    traces = []
+    for rec, raw in kept:
+        try:
+            with raw.open("rb") as fh:
+                data = json.load(fh)
+            if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+                raise ValueError("not a Kineto trace (no traceEvents list)")
+        except (OSError, ValueError) as exc:
+            result.processes[rec.stem] = ProcessOutcome(error=f"unreadable trace: {exc}")
+            continue
+        gz_name = rec.stem + ".json.gz"
+        with raw.open("rb") as src, gzip.open(capture_dir / gz_name, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        result.processes[rec.stem] = ProcessOutcome(file=gz_name, bytes=(capture_dir / gz_name).stat().st_size)
+        traces.append((rec, data))
+    shutil.rmtree(raw_dir, ignore_errors=True)
+
+    if traces:
+        merged = capture_dir / MERGED_NAME
+        write_merged(merged, traces)
+        result.trace_file, result.trace_bytes = MERGED_NAME, merged.stat().st_size
+        result.summary_file, result.headline = _analyse(capture_dir, merged)
+    return result
+
+
+def write_merged(path: Path, traces: list[tuple[Any, dict]]) -> None:
+    bases = [int(d.get("baseTimeNanoseconds") or 0) for _, d in traces]
+    ref = min(bases)
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as out:
+        devices = next((d.get("deviceProperties") for _, d in traces if d.get("deviceProperties")), [])
+        header = {
+            "schemaVersion": 1,
+            "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": ref,
+            "deviceProperties": devices,
+            "inference_sidecar": {
+                "processes": [{"label": rec.label, "role": rec.role, "pid": rec.pid, "rank": rec.rank} for rec, _ in traces]
+            },
+        }
+        out.write(json.dumps(header)[:-1] + ', "traceEvents": [\n')
+        first = True
+        for index, ((rec, data), base) in enumerate(zip(traces, bases)):
+            for event in _process_events(index, rec, data["traceEvents"], (base - ref) / 1000.0):
+                if not first:
+                    out.write(",\n")
+                out.write(json.dumps(event, separators=(",", ":")))
+                first = False
+        out.write("\n]}\n")
+    os.replace(tmp, path)
+
+
+def _process_events(index: int, rec: Any, events: list, shift_us: float):
+    device_pids: dict[Any, int] = {}
+
+    def pid_for(pid: Any) -> Any:
+        if pid == rec.pid:
+            return pid
+        if pid not in device_pids:
+            device_pids[pid] = DEVICE_PID_BASE + index * 256 + len(device_pids)
+        return device_pids[pid]
+
+    for ev in events:
+        if not isinstance(ev, dict):
+            continue
+        if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index", "process_labels"):
+            continue  # rewritten below
+        ev = dict(ev)
+        if "ts" in ev and shift_us:
+            ev["ts"] = round(float(ev["ts"]) + shift_us, 3)
+        if "pid" in ev:
+            ev["pid"] = pid_for(ev["pid"])
+        if ev.get("ph") in ("s", "t", "f") and isinstance(ev.get("id"), int):
+            ev["id"] = ev["id"] + (index + 1) * FLOW_ID_STRIDE
+        yield ev
+    sort_base = (ROLE_ORDER.get(rec.role, 9) * 1000 + (rec.rank or 0)) * 10
+    yield _meta("process_name", rec.pid, {"name": rec.label})
+    yield _meta("process_sort_index", rec.pid, {"sort_index": sort_base})
+    for n, (orig, pid) in enumerate(device_pids.items()):
+        # Integer pids are devices (GPU index); Kineto's own tracks ("Spans", ...) keep their name.
+        track = f"device {orig}" if isinstance(orig, int) else (str(orig) or "profiler")
+        yield _meta("process_name", pid, {"name": f"{rec.label} {track}"})
+        yield _meta("process_sort_index", pid, {"sort_index": sort_base + 1 + n})
+
+
+def _meta(name: str, pid: Any, args: dict) -> dict:
+    return {"ph": "M", "name": name, "pid": pid, "tid": 0, "ts": 0, "args": args}
+
+
+def _analyse(capture_dir: Path, merged: Path) -> tuple[str | None, str | None]:
+    """Analysis is a bonus on top of the trace: its failure is reported in the headline only."""
+    try:
+        from ..analysis import analyze_path
+    except ImportError:
+        return None, None
+    try:
+        summary = analyze_path(merged)
+    except Exception as exc:  # analysis is a bonus: the trace is still there
+        log.warning("analysis of %s failed: %s", merged, exc)
+        return None, f"analysis failed: {exc}"
+    (capture_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=1))
+    return SUMMARY_NAME, summary.get("headline")

@@ -1,0 +1,141 @@
+"""Validation of ``/profile/start`` parameters: every bad value becomes a ``ParamError`` naming it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from .. import config
+from ..protocol import ROLES
+
+ACTIVITIES = ("cpu", "cuda")
+BOOLEAN_OPTIONS = ("record_shapes", "with_stack", "profile_memory", "with_flops")
+KNOWN = {"steps", "activities", "delay", "processes", "timeout_s", *BOOLEAN_OPTIONS}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class ParamError(ValueError):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = message
+
+    def to_json(self) -> dict:
+        return {"error": "bad_parameter", "param": self.param, "message": self.message}
+
+
+@dataclass(frozen=True)
+class ProcessSelector:
+    """``processes=worker:0,engine_core``: roles, optionally with a rank after a colon."""
+
+    role: str
+    rank: int | None = None
+
+    def matches(self, role: str, rank: int | None) -> bool:
+        return role == self.role and (self.rank is None or self.rank == rank)
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    steps: int
+    delay: int = 0
+    activities: tuple[str, ...] = ()
+    record_shapes: bool = False
+    with_stack: bool = False
+    profile_memory: bool = False
+    with_flops: bool = False
+    processes: tuple[ProcessSelector, ...] = ()
+    timeout_s: float = config.DEFAULT_CAPTURE_TIMEOUT_S
+
+    def selects(self, role: str, rank: int | None) -> bool:
+        return not self.processes or any(s.matches(role, rank) for s in self.processes)
+
+
+def _int(params: Mapping[str, str], name: str, lo: int, hi: int, default: int | None = None) -> int:
+    raw = params.get(name)
+    if raw is None:
+        if default is None:
+            raise ParamError(name, "is required")
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ParamError(name, f"must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise ParamError(name, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _bool(params: Mapping[str, str], name: str) -> bool:
+    raw = params.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ParamError(name, f"must be true or false, got {raw!r}")
+
+
+def _activities(raw: str | None) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    items = tuple(dict.fromkeys(a.strip().lower() for a in raw.split(",") if a.strip()))
+    if not items:
+        raise ParamError("activities", f"must list some of {', '.join(ACTIVITIES)}")
+    unknown = [a for a in items if a not in ACTIVITIES]
+    if unknown:
+        raise ParamError("activities", f"unknown value {unknown[0]!r}; use {', '.join(ACTIVITIES)}")
+    return items
+
+
+def _processes(raw: str | None) -> tuple[ProcessSelector, ...]:
+    if raw is None:
+        return ()
+    selectors = []
+    for item in (p.strip() for p in raw.split(",")):
+        if not item:
+            continue
+        role, _, rank = item.partition(":")
+        role = role.strip().lower().replace("-", "_")
+        if role not in ROLES:
+            raise ParamError("processes", f"unknown role {role!r}; use {', '.join(ROLES)} (optionally role:rank)")
+        if rank:
+            try:
+                selectors.append(ProcessSelector(role, int(rank)))
+            except ValueError:
+                raise ParamError("processes", f"rank must be an integer in {item!r}") from None
+        else:
+            selectors.append(ProcessSelector(role))
+    if not selectors:
+        raise ParamError("processes", "is empty")
+    return tuple(selectors)
+
+
+def _timeout(raw: str | None) -> float:
+    if raw is None:
+        return config.DEFAULT_CAPTURE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ParamError("timeout_s", f"must be a number of seconds, got {raw!r}") from None
+    if not math.isfinite(value) or not 0 < value <= config.MAX_CAPTURE_TIMEOUT_S:
+        raise ParamError("timeout_s", f"must be in (0, {config.MAX_CAPTURE_TIMEOUT_S:g}], got {raw!r}")
+    return value
+
+
+def parse_capture_request(params: Mapping[str, str], max_steps: int) -> CaptureRequest:
+    unknown = sorted(set(params) - KNOWN)
+    if unknown:
+        raise ParamError(unknown[0], f"unknown parameter; known: {', '.join(sorted(KNOWN))}")
+    return CaptureRequest(
+        steps=_int(params, "steps", 1, max_steps),
+        delay=_int(params, "delay", 0, max_steps, default=0),
+        activities=_activities(params.get("activities")),
+        processes=_processes(params.get("processes")),
+        timeout_s=_timeout(params.get("timeout_s")),
+        **{name: _bool(params, name) for name in BOOLEAN_OPTIONS},
+    )

@@ -1,0 +1,73 @@
+"""Engine processes currently connected to the sidecar over the probe channel."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from ..protocol import ProcessIdentity
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class ProbeConnection:
+    id: int
+    identity: ProcessIdentity
+    ws: web.WebSocketResponse
+    connected_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.time)
+    steps: int = 0
+
+    async def send(self, msg: dict[str, Any]) -> bool:
+        try:
+            await self.ws.send_str(json.dumps(msg))
+            return True
+        except (ConnectionError, RuntimeError) as exc:
+            log.info("probe %s unreachable: %s", self.identity.label, exc)
+            return False
+
+    def to_json(self) -> dict[str, Any]:
+        ident = self.identity
+        return {
+            "role": ident.role,
+            "pid": ident.pid,
+            "rank": ident.rank,
+            "label": ident.label,
+            "host": ident.host,
+            "cuda": ident.cuda,
+            "engine": ident.engine,
+            "last_step": self.steps,
+            "connected_at": self.connected_at,
+            "last_seen": self.last_seen,
+        }
+
+
+class ProbeRegistry:
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._probes: dict[int, ProbeConnection] = {}
+
+    def add(self, identity: ProcessIdentity, ws: web.WebSocketResponse) -> ProbeConnection:
+        conn = ProbeConnection(next(self._ids), identity, ws)
+        self._probes[conn.id] = conn
+        return conn
+
+    def remove(self, conn: ProbeConnection) -> None:
+        self._probes.pop(conn.id, None)
+
+    def all(self) -> list[ProbeConnection]:
+        order = {"api_server": 0, "engine_core": 1, "worker": 2}
+        return sorted(
+            self._probes.values(),
+            key=lambda c: (order.get(c.identity.role, 9), c.identity.rank or 0, c.identity.pid),
+        )
+
+    def __len__(self) -> int:
+        return len(self._probes)
