@@ -1,0 +1,207 @@
+"""Keep only what the analyses need, in compact arrays, while events stream past.
+
+Per host thread: ts, dur, name id, kind and correlation of every CPU op, annotation, Python frame
+and runtime call (about 29 bytes each). Per GPU activity: ts, dur, name id, kind, device, stream,
+correlation and bytes (about 45 bytes each). Names are interned to integer ids. Flow arrows,
+instant events, counters, GPU-side annotations and everything in ``args`` beyond those few fields
+are dropped as they are read, so memory grows with the number of useful events, not with the file.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable
+
+from .events import Kind, RawEvent, category_table, step_number
+
+Pid = Hashable  # an int in Kineto traces; merged or hand-made traces may use strings
+
+
+@dataclass
+class HostThread:
+    """Host events of one (pid, tid), in file order (not necessarily sorted by ts)."""
+
+    ts: array = field(default_factory=lambda: array("d"))
+    dur: array = field(default_factory=lambda: array("d"))
+    name: array = field(default_factory=lambda: array("i"))
+    kind: array = field(default_factory=lambda: array("b"))
+    corr: array = field(default_factory=lambda: array("q"))  # -1 when the event has none
+
+
+@dataclass
+class GpuActivities:
+    """Kernels, memcpys and memsets, in file order."""
+
+    ts: array = field(default_factory=lambda: array("d"))
+    dur: array = field(default_factory=lambda: array("d"))
+    name: array = field(default_factory=lambda: array("i"))
+    kind: array = field(default_factory=lambda: array("b"))
+    device: array = field(default_factory=lambda: array("q"))
+    stream: array = field(default_factory=lambda: array("q"))
+    corr: array = field(default_factory=lambda: array("q"))
+    nbytes: array = field(default_factory=lambda: array("q"))
+    track: array = field(default_factory=lambda: array("i"))  # index into TraceData.tracks
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+@dataclass(frozen=True)
+class StepMark:
+    """One ``ProfilerStep#n`` range on the host."""
+
+    pid: Pid
+    tid: Pid
+    number: int
+    ts: float
+    dur: float
+
+
+@dataclass
+class TraceData:
+    """Everything kept from one trace file."""
+
+    path: str
+    names: list[str] = field(default_factory=list)
+    threads: dict[tuple[Pid, Pid], HostThread] = field(default_factory=dict)
+    gpu: GpuActivities = field(default_factory=GpuActivities)
+    steps: list[StepMark] = field(default_factory=list)
+    tracks: list[Pid] = field(default_factory=list)  # the pids GPU events were filed under
+    process_names: dict[Pid, str] = field(default_factory=dict)
+    members: dict = field(default_factory=dict)  # small top-level members (distributedInfo, ...)
+    event_count: int = 0
+    ignored_count: int = 0  # events of a kept category without a usable ts (or not complete 'X')
+    skipped_count: int = 0  # events whose fields had unusable types
+    fractional_ts: bool = False  # nanosecond resolution (fractional microseconds) seen
+
+    def host_pids(self) -> list[Pid]:
+        seen: dict[Pid, None] = {}
+        for pid, _tid in self.threads:
+            seen.setdefault(pid, None)
+        return list(seen)
+
+
+def _int_or(value: object, default: int) -> int:
+    """Device/stream/correlation ids: ints in Kineto, sometimes hex strings ("0x0") in ROCm."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return int(value)
+    try:
+        return int(str(value), 0)
+    except ValueError:
+        return default
+
+
+class Collector:
+    """Feeds batches of RawEvent into a TraceData. One per file; no shared state."""
+
+    def __init__(self, path: str) -> None:
+        self.data = TraceData(path=path)
+        self._kinds = category_table()
+        self._name_ids: dict[str, int] = {}
+        self._track_ids: dict[Pid, int] = {}
+
+    def _name_id(self, name: object) -> int:
+        key = name if isinstance(name, str) else ("" if name is None else str(name))
+        nid = self._name_ids.get(key)
+        if nid is None:
+            nid = self._name_ids[key] = len(self.data.names)
+            self.data.names.append(key)
+        return nid
+
+    def add(self, batch: Iterable[RawEvent]) -> None:
+        data = self.data
+        kinds = self._kinds
+        threads = data.threads
+        gpu = data.gpu
+        name_ids = self._name_ids
+        name_id = self._name_id
+        track_ids = self._track_ids
+        count = 0
+        last_pid = last_tid = object()  # matches no pid
+        RUNTIME, ANNOTATION, KERNEL = Kind.RUNTIME, Kind.ANNOTATION, Kind.KERNEL
+        t_ts = t_dur = t_name = t_kind = t_corr = None
+        for ev in batch:
+            count += 1
+            kind = kinds.get(ev.cat)
+            if kind is None:
+                if ev.ph == "M":
+                    self._metadata(ev)
+                continue
+            ts = ev.ts
+            if ts is None or ev.ph != "X":
+                data.ignored_count += 1
+                continue
+            dur = ev.dur or 0.0
+            if dur < 0.0:
+                dur = 0.0
+            nid = name_ids.get(ev.name)  # type: ignore[arg-type]
+            if nid is None:
+                nid = name_id(ev.name)
+            args = ev.args
+            if kind >= KERNEL:
+                gpu.ts.append(ts)
+                gpu.dur.append(dur)
+                gpu.name.append(nid)
+                gpu.kind.append(kind)
+                track = track_ids.get(ev.pid)
+                if track is None:
+                    track = track_ids[ev.pid] = len(data.tracks)
+                    data.tracks.append(ev.pid)
+                gpu.track.append(track)
+                if args is None:
+                    gpu.device.append(_int_or(ev.pid, -1))
+                    gpu.stream.append(_int_or(ev.tid, -1))
+                    gpu.corr.append(-1)
+                    gpu.nbytes.append(0)
+                else:
+                    device = args.device
+                    gpu.device.append(device if type(device) is int else _int_or(device if device is not None else ev.pid, -1))
+                    stream = args.stream
+                    gpu.stream.append(stream if type(stream) is int else _int_or(stream if stream is not None else ev.tid, -1))
+                    corr = args.correlation
+                    gpu.corr.append(corr if type(corr) is int else _int_or(corr, -1))
+                    nbytes = args.bytes
+                    gpu.nbytes.append(nbytes if type(nbytes) is int else _int_or(nbytes, 0))
+                continue
+            pid, tid = ev.pid, ev.tid
+            if pid != last_pid or tid != last_tid:  # consecutive events mostly share a thread
+                last_pid, last_tid = pid, tid
+                thread = threads.get((pid, tid))
+                if thread is None:
+                    thread = threads[(pid, tid)] = HostThread()
+                t_ts, t_dur, t_name, t_kind, t_corr = thread.ts.append, thread.dur.append, thread.name.append, thread.kind.append, thread.corr.append
+            t_ts(ts)
+            t_dur(dur)
+            t_name(nid)
+            t_kind(kind)
+            if kind == RUNTIME and args is not None:
+                corr = args.correlation
+                t_corr(corr if type(corr) is int else _int_or(corr, -1))
+            else:
+                t_corr(-1)
+            if kind == ANNOTATION:
+                number = step_number(data.names[nid])
+                if number is not None:
+                    data.steps.append(StepMark(pid, tid, number, ts, dur))  # type: ignore[arg-type]
+        data.event_count += count
+
+    def _metadata(self, ev: RawEvent) -> None:
+        if ev.name == "process_name" and ev.args is not None and ev.args.name is not None:
+            self.data.process_names[ev.pid] = str(ev.args.name)  # type: ignore[index]
+
+    def finish(self, members: dict, skipped: int) -> TraceData:
+        data = self.data
+        data.members = members
+        data.skipped_count = skipped
+        data.fractional_ts = _has_fraction(data.gpu.ts) or any(_has_fraction(t.ts) for t in data.threads.values())
+        return data
+
+
+def _has_fraction(values: array, sample: int = 2000) -> bool:
+    return any(v != int(v) for v in values[:sample])
+

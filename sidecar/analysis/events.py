@@ -1,0 +1,140 @@
+"""What one trace event looks like to the analyser, and which events it cares about.
+
+Events are decoded straight into ``RawEvent`` structs: msgspec fills only the fields named here and
+skips every other key (``External id``, ``grid``, shapes, ...) while scanning, which is what keeps
+decoding fast and small. Every field is optional because real traces omit them freely.
+
+Timestamps: in the Chrome trace format ``ts`` and ``dur`` are always microseconds; nanosecond
+traces write them as fractional microseconds (``12.345``). ``displayTimeUnit`` only changes how a
+viewer displays them, so it is never used to rescale (and it may come after ``traceEvents``).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Optional, Union
+
+import msgspec
+
+Scalar = Union[int, float, str, None]
+
+
+class RawArgs(msgspec.Struct, gc=False):
+    """The few ``args`` members any analysis reads."""
+
+    device: Scalar = None
+    stream: Scalar = None
+    correlation: Scalar = None
+    bytes: Scalar = None
+    name: Scalar = None  # process_name / thread_name metadata
+    labels: Scalar = None  # process_labels metadata ("CPU", "GPU 0")
+
+
+class RawEvent(msgspec.Struct, gc=False):
+    """One entry of ``traceEvents`` with only the fields the analyser reads."""
+
+    ph: Optional[str] = None
+    cat: Optional[str] = None
+    name: Scalar = None
+    pid: Scalar = None
+    tid: Scalar = None
+    ts: Optional[float] = None
+    dur: Optional[float] = None
+    args: Optional[RawArgs] = None
+
+
+class Kind(IntEnum):
+    """What an event is to the analyser. Host kinds are below ``KERNEL``; device kinds from it on."""
+
+    OP = 0  # cpu_op: an ATen operator or other instrumented CPU op
+    ANNOTATION = 1  # user_annotation: record_function ranges, ProfilerStep#n
+    PYTHON = 2  # python_function (with_stack=True)
+    RUNTIME = 3  # cuda_runtime / cuda_driver (and the hip* calls ROCm traces file under them)
+    KERNEL = 10
+    MEMCPY = 11
+    MEMSET = 12
+
+
+HOST_KINDS = (Kind.OP, Kind.ANNOTATION, Kind.PYTHON, Kind.RUNTIME)
+
+# Category names, lower-cased. Old PyTorch versions wrote "Operator", "Runtime", "Kernel", "Memcpy".
+CATEGORY_KIND: dict[str, Kind] = {
+    "cpu_op": Kind.OP,
+    "operator": Kind.OP,
+    "user_annotation": Kind.ANNOTATION,
+    "python_function": Kind.PYTHON,
+    "cuda_runtime": Kind.RUNTIME,
+    "cuda_driver": Kind.RUNTIME,
+    "runtime": Kind.RUNTIME,
+    "kernel": Kind.KERNEL,
+    "gpu_memcpy": Kind.MEMCPY,
+    "memcpy": Kind.MEMCPY,
+    "gpu_memset": Kind.MEMSET,
+    "memset": Kind.MEMSET,
+}
+
+
+def category_table() -> dict[object, int]:
+    """Category → kind for every spelling met in practice, so the hot loop needs one dict lookup
+    instead of lower-casing each category string."""
+    table: dict[object, int] = {}
+    for cat, kind in CATEGORY_KIND.items():
+        for spelling in (cat, cat.capitalize(), cat.upper(), cat.title()):
+            table[spelling] = int(kind)  # plain ints: cheaper to compare in the hot loop
+    return table
+
+
+STEP_PREFIX = "ProfilerStep#"
+
+
+def step_number(name: str) -> Optional[int]:
+    """``ProfilerStep#12`` → 12; anything else → None."""
+    if not name.startswith(STEP_PREFIX):
+        return None
+    digits = name[len(STEP_PREFIX) :]
+    return int(digits) if digits.isdigit() else None
+
+
+_API_SUFFIXES = ("_ptsz", "_ptds", "_spt")
+
+
+def api_base_name(name: str) -> str:
+    """Strip CUPTI's version and per-thread-stream suffixes: ``cudaMemcpyAsync_ptsz`` and
+    ``cuMemcpyDtoH_v2`` name the same API as ``cudaMemcpyAsync`` / ``cuMemcpyDtoH``."""
+    for suffix in _API_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    head, sep, tail = name.rpartition("_v")
+    if sep and head and tail.isdigit():
+        name = head
+    return name
+
+
+def is_launch(name: str) -> bool:
+    """Runtime/driver calls that put work on the GPU: cudaLaunchKernel, cuLaunchKernel(Ex),
+    cudaLaunchKernelExC, cudaLaunchCooperativeKernel, cudaGraphLaunch, hipLaunchKernel,
+    hipExtModuleLaunchKernel, hipModuleLaunchKernel, hipGraphLaunch, ..."""
+    return "Launch" in name and (name.startswith("cu") or name.startswith("hip"))
+
+
+_COLLECTIVE_MARKERS = ("nccl", "rccl")
+
+
+def is_collective(name: str) -> bool:
+    """NCCL / RCCL kernels (``ncclKernel_AllReduce_RING_LL_Sum_float``, ``ncclDevKernel_...``)."""
+    low = name[:32].lower()
+    return any(marker in low for marker in _COLLECTIVE_MARKERS)
+
+
+def memcpy_direction(name: str) -> str:
+    """``Memcpy DtoH (Device -> Pageable)`` → ``DtoH``; ROCm uses the same spelling."""
+    parts = name.split()
+    if len(parts) >= 2 and parts[0] == "Memcpy":
+        return parts[1]
+    return "other"
+
+
+def is_pageable_dtoh(name: str) -> bool:
+    """A device-to-host copy into pageable memory: the host waits for it even when it was issued
+    with cudaMemcpyAsync, so it is a synchronisation in disguise."""
+    return memcpy_direction(name) == "DtoH" and "Pageable" in name

@@ -1,0 +1,197 @@
+"""Host-side synchronisation found in a trace: where the CPU waited for the GPU, and what it cost.
+
+Three kinds:
+
+* ``sync``: an explicit synchronize call (cudaDeviceSynchronize, cudaStreamSynchronize,
+  cudaEventSynchronize, their driver-API and HIP twins).
+* ``blocking_copy``: a memcpy API that returns only when the copy is done (cudaMemcpy, hipMemcpy,
+  hipMemcpyWithStream, cuMemcpyDtoH, ...): it waits for all earlier work on its stream first.
+* ``pageable_copy``: cudaMemcpyAsync / hipMemcpyAsync whose GPU side is a DtoH copy into pageable
+  memory. It looks asynchronous but the host waits for it (the trap behind vLLM #53491).
+
+Each finding carries the op it ran inside (the innermost enclosing cpu_op / user_annotation /
+python_function on the same thread, found by time nesting), the ProfilerStep it fell in, whether a
+DtoH copy came just before it on its thread (the ``.item()`` / ``.cpu()`` / ``.tolist()`` pattern),
+and the GPU idle time that followed: from when the call began, or when the GPU went idle if later,
+to the next kernel start. This module needs only a ProcessView and the GPU busy union, so the
+hidden-sync detector can reuse it as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from . import intervals
+from .events import Kind, api_base_name, is_pageable_dtoh, memcpy_direction
+from .kernels import ratio, us
+from .processes import ProcessView
+
+SYNC_CALLS = frozenset(
+    {
+        "cudaDeviceSynchronize",
+        "cudaStreamSynchronize",
+        "cudaEventSynchronize",
+        "cudaThreadSynchronize",
+        "cuCtxSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
+        "hipDeviceSynchronize",
+        "hipStreamSynchronize",
+        "hipEventSynchronize",
+    }
+)
+BLOCKING_COPY_CALLS = frozenset(
+    {
+        "cudaMemcpy",
+        "cudaMemcpy2D",
+        "cudaMemcpy3D",
+        "cudaMemcpyPeer",
+        "cudaMemcpyToSymbol",
+        "cudaMemcpyFromSymbol",
+        "cuMemcpy",
+        "cuMemcpyDtoH",
+        "cuMemcpyHtoD",
+        "cuMemcpyDtoD",
+        "cuMemcpyPeer",
+        "hipMemcpy",
+        "hipMemcpyWithStream",
+        "hipMemcpyDtoH",
+        "hipMemcpyHtoD",
+        "hipMemcpyDtoD",
+    }
+)
+# Calls that queue a copy; any of them can be the DtoH half of a copy-then-sync pair.
+COPY_CALLS = frozenset({"cudaMemcpyAsync", "cudaMemcpy2DAsync", "cuMemcpyAsync", "cuMemcpyDtoHAsync", "hipMemcpyAsync", "hipMemcpyDtoHAsync"}) | BLOCKING_COPY_CALLS
+
+
+def call_kind(name: str) -> Optional[str]:
+    """``sync`` / ``blocking_copy`` for a runtime or driver call name, else None."""
+    base = api_base_name(name)
+    if base in SYNC_CALLS:
+        return "sync"
+    if base in BLOCKING_COPY_CALLS:
+        return "blocking_copy"
+    return None
+
+
+@dataclass(frozen=True)
+class SyncFinding:
+    name: str  # the API called
+    kind: str  # sync | blocking_copy | pageable_copy
+    tid: object
+    ts: float
+    dur: float  # how long the host was blocked in the call
+    site: str  # innermost enclosing cpu_op / user_annotation, "" at top level
+    python: str  # innermost enclosing python_function frame, "" without with_stack
+    stack: tuple[str, ...]  # enclosing events, outermost first (ProfilerStep ranges left out)
+    step: Optional[int]
+    after_dtoh_copy: bool
+    gpu_idle_after: float
+
+
+def find_syncs(view: ProcessView, busy: Sequence[intervals.Interval]) -> list[SyncFinding]:
+    """Every synchronising call of one process, in time order. ``busy``: the union of the
+    process's kernel intervals (all its devices)."""
+    names = view.data.names
+    copy_names = _copy_names(view)
+    busy_starts = [s for s, _ in busy]
+    per_name: dict[int, tuple[Optional[str], bool]] = {}  # name id -> (call kind, is a copy call)
+    findings: list[SyncFinding] = []
+    for tid, thread in view.threads.items():
+        last_copy_was_dtoh = False
+        for i in view.runtime_calls(tid):
+            nid = thread.name[i]
+            info = per_name.get(nid)
+            if info is None:
+                info = per_name[nid] = (call_kind(names[nid]), api_base_name(names[nid]) in COPY_CALLS)
+            kind, is_copy = info
+            gpu_copy = copy_names.get(thread.corr[i]) if is_copy else None
+            if kind is None and gpu_copy is not None and is_pageable_dtoh(gpu_copy):
+                kind = "pageable_copy"
+            if kind is None:
+                if is_copy:
+                    last_copy_was_dtoh = gpu_copy is not None and memcpy_direction(gpu_copy) == "DtoH"
+                continue
+            start, dur = thread.ts[i], thread.dur[i]
+            site, python, stack = view.enclosing(tid, i)
+            findings.append(
+                SyncFinding(
+                    name=names[nid],
+                    kind=kind,
+                    tid=tid,
+                    ts=start,
+                    dur=dur,
+                    site=site,
+                    python=python,
+                    stack=stack,
+                    step=view.step_at(start),
+                    after_dtoh_copy=kind == "sync" and last_copy_was_dtoh,
+                    gpu_idle_after=_idle_after(busy, busy_starts, start, start + dur),
+                )
+            )
+            # A pageable DtoH copy is itself the DtoH half of a copy-then-sync pair.
+            last_copy_was_dtoh = kind == "pageable_copy"
+    findings.sort(key=lambda f: f.ts)
+    return findings
+
+
+def summarize(findings: Sequence[SyncFinding], top_sites: int = 5) -> list[dict]:
+    """The ``syncs`` list of the summary: one entry per API name, busiest first, each with its
+    call sites."""
+    by_name: dict[str, list[SyncFinding]] = {}
+    for f in findings:
+        by_name.setdefault(f.name, []).append(f)
+    out = []
+    for name, group in by_name.items():
+        sites: dict[tuple, list[SyncFinding]] = {}
+        for f in group:
+            sites.setdefault((f.site, f.python, f.stack), []).append(f)
+        ranked = sorted(sites.items(), key=lambda item: -sum(f.dur for f in item[1]))
+        out.append(
+            {
+                "name": name,
+                "kind": group[0].kind,
+                "count": len(group),
+                "total_us": us(sum(f.dur for f in group)),
+                "max_us": us(max(f.dur for f in group)),
+                "gpu_idle_after_us": us(sum(f.gpu_idle_after for f in group)),
+                "after_dtoh_copy": sum(1 for f in group if f.after_dtoh_copy),
+                "sites": [
+                    {
+                        "site": site,
+                        "python": python,
+                        "stack": list(stack),
+                        "count": len(members),
+                        "total_us": us(sum(f.dur for f in members)),
+                        "gpu_idle_after_us": us(sum(f.gpu_idle_after for f in members)),
+                        "steps": sorted({f.step for f in members if f.step is not None}),
+                    }
+                    for (site, python, stack), members in ranked[:top_sites]
+                ],
+            }
+        )
+    out.sort(key=lambda entry: (-entry["total_us"], entry["name"]))
+    return out
+
+
+def blocked_fraction(findings: Sequence[SyncFinding], window: tuple[float, float]) -> float:
+    return ratio(sum(f.dur for f in findings), window[1] - window[0])
+
+
+def _copy_names(view: ProcessView) -> dict[int, str]:
+    """correlation → GPU memcpy name, for telling a DtoH (pageable) copy from the others."""
+    gpu = view.gpu
+    names = view.data.names
+    out: dict[int, str] = {}
+    for i in view.gpu_index:
+        if gpu.kind[i] == Kind.MEMCPY and gpu.corr[i] != -1:
+            out[gpu.corr[i]] = names[gpu.name[i]]
+    return out
+
+
+def _idle_after(busy, busy_starts, start: float, end: float) -> float:
+    hole = intervals.idle_around(busy, busy_starts, end)
+    if hole is None:
+        return 0.0
+    return max(0.0, hole[1] - max(hole[0], start))
