@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 # ``handler`` default is a callable taking the parsed args and returning an exit code.
 _COMMAND_MODULES = (
     "sidecar.service.cli",
+    "sidecar.client",
     "sidecar.analysis.cli",
     "sidecar.devtools.local_model",
 )

@@ -184,8 +184,8 @@ class StepCapture:
 class WindowCapture(StepCapture):
     """One capture in a process without forward steps (the API server).
 
-    It records for the window in which the step-driven processes record: the sidecar sends ``arm``
-    when the first of them starts and ``stop`` when the last has finished. Start and stop run on
+    It records from ``arm`` (sent to every process at once) until the sidecar sends ``stop``, when
+    the last step-driven process has finished. Start and stop run on
     the process's asyncio loop thread, the thread whose work is worth recording.
     """
 

@@ -33,6 +33,7 @@ class ServiceSettings:
     max_steps: int
     max_capture_bytes: int
     keep: int
+    stop_grace_s: float = 10.0  # how long stopped processes get to report before they count as lost
 
 
 SETTINGS = web.AppKey("settings", ServiceSettings)
@@ -224,7 +225,8 @@ def make_app(settings: ServiceSettings) -> web.Application:
 
     async def lifecycle(app: web.Application):
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sidecar-export", initializer=merge.lower_priority)
-        app[CAPTURES] = CaptureManager(app[REGISTRY], settings.trace_dir, executor, settings.max_capture_bytes, settings.keep)
+        app[CAPTURES] = CaptureManager(app[REGISTRY], settings.trace_dir, executor, settings.max_capture_bytes,
+                                        settings.keep, settings.stop_grace_s)
         yield
         await app[CAPTURES].close()
         for ws in [c.ws for c in app[REGISTRY].all()]:

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 ARMED, CAPTURING, EXPORTING, DONE, PARTIAL, FAILED = "armed", "capturing", "exporting", "done", "partial", "failed"
 FINAL_STATES = (DONE, PARTIAL, FAILED)
-P_ARMED, P_LOST, P_WAITING = "armed", "lost", "waiting"  # per-process states the sidecar adds
+P_ARMED, P_LOST = "armed", "lost"  # per-process states the sidecar adds
 P_TERMINAL = (P_DONE, P_FAILED, P_LOST)
 STOP_GRACE_S = 10.0  # after a stop request, how long to wait for processes to report
 
@@ -144,7 +144,9 @@ class CaptureManager:
         executor: Executor,
         max_capture_bytes: int,
         keep: int,
+        stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
+        self._stop_grace_s = stop_grace_s
         self._registry = registry
         self._trace_dir = trace_dir
         self._executor = executor
@@ -198,9 +200,7 @@ class CaptureManager:
         self._active = capture
         arm = {"type": "arm", "capture": capture.spec().to_dict()}
         for rec in capture.processes:
-            if not rec.step_driven:
-                rec.state = P_WAITING  # armed when the first step-driven process starts recording
-            elif not await rec.conn.send(arm):
+            if not await rec.conn.send(arm):
                 rec.state, rec.error = P_LOST, "probe unreachable when arming"
         self._spawn(self._watch_timeout(capture))
         await self._maybe_progress(capture)
@@ -219,9 +219,7 @@ class CaptureManager:
         for rec in capture.processes:
             if rec.state in P_TERMINAL:
                 continue
-            if rec.state == P_WAITING:
-                rec.state, rec.error = P_FAILED, f"not started ({reason})"
-            elif rec.conn is not None:
+            if rec.conn is not None:
                 await rec.conn.send({"type": "stop", "capture_id": capture.id, "reason": reason})
         self._spawn(self._give_up_after_grace(capture))
         await self._maybe_progress(capture)
@@ -240,7 +238,6 @@ class CaptureManager:
             rec.state = P_CAPTURING
             if capture.state == ARMED:
                 capture.state = CAPTURING
-                await self._arm_window_processes(capture)
         elif state == P_EXPORTING:
             rec.state = P_EXPORTING
         elif state == P_DONE:
@@ -258,14 +255,6 @@ class CaptureManager:
                 rec.state, rec.error = P_LOST, "probe disconnected during the capture"
         await self._maybe_progress(capture)
 
-    async def _arm_window_processes(self, capture: Capture) -> None:
-        arm = {"type": "arm", "capture": capture.spec().to_dict()}
-        for rec in capture.processes:
-            if rec.state == P_WAITING:
-                rec.state = P_ARMED
-                if not await rec.conn.send(arm):
-                    rec.state, rec.error = P_LOST, "probe unreachable when arming"
-
     async def _maybe_progress(self, capture: Capture) -> None:
         if capture is not self._active:
             return
@@ -274,11 +263,7 @@ class CaptureManager:
             # Step-driven processes are finished: end the API server's window too.
             capture.window_stop_sent = True
             for rec in capture.processes:
-                if rec.step_driven or rec.state in P_TERMINAL:
-                    continue
-                if rec.state == P_WAITING:
-                    rec.state, rec.error = P_FAILED, "no engine core or worker started recording"
-                else:
+                if not rec.step_driven and rec.state not in P_TERMINAL:
                     await rec.conn.send({"type": "stop", "capture_id": capture.id, "reason": "steps recorded"})
             self._spawn(self._give_up_after_grace(capture))
         if all(p.state in P_TERMINAL for p in capture.processes):
@@ -295,7 +280,7 @@ class CaptureManager:
                 await self._request_stop(capture, f"timeout after {capture.request.timeout_s:g} s")
 
     async def _give_up_after_grace(self, capture: Capture) -> None:
-        await asyncio.sleep(STOP_GRACE_S)
+        await asyncio.sleep(self._stop_grace_s)
         if capture is not self._active:
             return
         for rec in capture.processes:

@@ -1,0 +1,50 @@
+"""A stand-in engine process for service tests: a real Probe and real torch work in a step loop.
+
+python tests/fake_engine.py ROLE [--rank K] [--steps-then-idle N] [--step-ms MS]
+"""
+
+import argparse
+import asyncio
+import threading
+import time
+
+import torch
+
+from sidecar.probe import Probe
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role")
+    parser.add_argument("--rank", type=int, default=None)
+    parser.add_argument("--steps-then-idle", type=int, default=None, help="take N working steps, then none")
+    parser.add_argument("--step-ms", type=float, default=2.0)
+    args = parser.parse_args()
+    x = torch.randn(32, 32)
+    if args.role == "api_server":
+        loop = asyncio.new_event_loop()
+        Probe(args.role, args.rank, engine="fake", loop=loop, cuda_available=False).start()
+
+        async def serve():
+            while True:
+                (x @ x).sum()
+                await asyncio.sleep(args.step_ms / 1000)
+
+        loop.run_until_complete(serve())
+        return
+    probe = Probe(args.role, args.rank, engine="fake", cuda_available=False).start()
+    taken = 0
+    while True:
+        has_work = args.steps_then_idle is None or taken < args.steps_then_idle
+        probe.step_begin(has_work)
+        if has_work:
+            (x @ x).sum()
+            taken += 1
+        probe.step_end(has_work)
+        time.sleep(args.step_ms / 1000 if has_work else 0.05)
+        if not has_work:
+            threading.Event().wait()  # an idle engine blocks waiting for work, taking no steps
+
+
+if __name__ == "__main__":
+    main()

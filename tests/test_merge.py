@@ -1,0 +1,101 @@
+"""Merging per-process Kineto traces into one timeline."""
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar.service.merge import DEVICE_PID_BASE, finalize_capture
+
+
+@dataclass
+class Rec:
+    role: str
+    pid: int
+    rank: int | None
+    label: str
+    stem: str
+    state: str = "done"
+    raw_file: str | None = None
+
+
+def kineto(pid, base_ns, device_pid=None, flow_id=7):
+    events = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": pid, "tid": pid, "ts": 100.0, "dur": 50.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": pid, "tid": pid, "ts": 110.0, "dur": 10.0},
+        {"ph": "s", "id": flow_id, "pid": pid, "tid": pid, "ts": 111.0, "cat": "ac2g", "name": "ac2g"},
+    ]
+    if device_pid is not None:
+        events.append({"ph": "X", "cat": "kernel", "name": "gemm", "pid": device_pid, "tid": 7, "ts": 120.0, "dur": 5.0})
+        events.append({"ph": "f", "id": flow_id, "pid": device_pid, "tid": 7, "ts": 120.0, "cat": "ac2g", "name": "ac2g", "bp": "e"})
+    return {"schemaVersion": 1, "baseTimeNanoseconds": base_ns, "traceEvents": events}
+
+
+def write_raw(capture_dir: Path, rec: Rec, trace: dict) -> Rec:
+    raw = capture_dir / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    path = raw / f"{rec.stem}.json"
+    path.write_text(json.dumps(trace))
+    rec.raw_file = str(path)
+    return rec
+
+
+def test_merge_aligns_clocks_and_separates_devices(tmp_path):
+    w0 = write_raw(tmp_path, Rec("worker", 101, 0, "worker rank 0 (pid 101)", "worker-rank0-pid101"), kineto(101, 5_000_000_000, device_pid=0))
+    w1 = write_raw(tmp_path, Rec("worker", 102, 1, "worker rank 1 (pid 102)", "worker-rank1-pid102"), kineto(102, 5_000_002_000, device_pid=0))
+    core = write_raw(tmp_path, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, 4_999_999_000))
+    result = finalize_capture(tmp_path, [w0, w1, core], max_bytes=1 << 30)
+
+    assert result.trace_file == "trace.json.gz" and not result.problems
+    assert {stem: o.file for stem, o in result.processes.items()} == {
+        "worker-rank0-pid101": "worker-rank0-pid101.json.gz",
+        "worker-rank1-pid102": "worker-rank1-pid102.json.gz",
+        "engine_core-pid100": "engine_core-pid100.json.gz",
+    }
+    assert not (tmp_path / "raw").exists()
+    per_process = json.load(gzip.open(tmp_path / "worker-rank1-pid102.json.gz"))
+    assert per_process["baseTimeNanoseconds"] == 5_000_002_000  # per-process files are the originals
+
+    merged = json.load(gzip.open(tmp_path / "trace.json.gz"))
+    assert merged["baseTimeNanoseconds"] == 4_999_999_000
+    ev = merged["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "process_name"}
+    assert names[100] == "engine core (pid 100)" and names[101] == "worker rank 0 (pid 101)"
+    assert "python" not in names.values()
+    steps = {e["pid"]: e["ts"] for e in ev if e.get("name") == "ProfilerStep#0"}
+    # Same local ts 100 us, bases 1 us apart (core) and 3 us apart (rank 1) from the earliest base.
+    assert steps == {100: 100.0, 101: 101.0, 102: 103.0}
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    assert len({k["pid"] for k in kernels}) == 2, "each rank's device 0 gets its own track"
+    assert all(k["pid"] >= DEVICE_PID_BASE for k in kernels)
+    assert {names[k["pid"]] for k in kernels} == {"worker rank 0 (pid 101) device 0", "worker rank 1 (pid 102) device 0"}
+    flow_ids = [e["id"] for e in ev if e.get("ph") == "s"]
+    assert len(set(flow_ids)) == 3, "flow ids stay unique across processes"
+    finishes = {e["pid"]: e["id"] for e in ev if e.get("ph") == "f"}
+    starts = {e["pid"]: e["id"] for e in ev if e.get("ph") == "s"}
+    assert sorted(finishes.values()) == sorted(starts[p] for p in (101, 102))
+
+
+def test_size_limit_drops_files_and_says_so(tmp_path):
+    w0 = write_raw(tmp_path, Rec("worker", 101, 0, "worker rank 0 (pid 101)", "worker-rank0-pid101"), kineto(101, 1))
+    core = write_raw(tmp_path, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, 1))
+    limit = Path(w0.raw_file).stat().st_size + 10
+    result = finalize_capture(tmp_path, [core, w0], max_bytes=limit)
+    assert result.processes["worker-rank0-pid101"].file == "worker-rank0-pid101.json.gz"  # workers are kept first
+    assert "size limit" in result.processes["engine_core-pid100"].error
+    assert any("size limit" in p for p in result.problems)
+    assert result.trace_file is not None
+
+
+def test_files_outside_the_capture_or_corrupt_are_refused(tmp_path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps(kineto(1, 1)))
+    evil = Rec("worker", 1, 0, "w", "worker-rank0-pid1", raw_file=str(outside))
+    (tmp_path / "cap" / "raw").mkdir(parents=True)
+    broken = Rec("engine_core", 2, None, "e", "engine_core-pid2", raw_file=str(tmp_path / "cap" / "raw" / "e.json"))
+    Path(broken.raw_file).write_text('{"traceEvents": [')
+    result = finalize_capture(tmp_path / "cap", [evil, broken], max_bytes=1 << 30)
+    assert "outside" in result.processes["worker-rank0-pid1"].error
+    assert "unreadable" in result.processes["engine_core-pid2"].error
+    assert result.trace_file is None and outside.exists()

@@ -1,0 +1,54 @@
+import pytest
+
+from sidecar.service.params import ParamError, ProcessSelector, parse_capture_request
+
+
+def parse(**params):
+    return parse_capture_request({k: str(v) for k, v in params.items()}, max_steps=100)
+
+
+@pytest.mark.parametrize(
+    "params, param",
+    [
+        ({}, "steps"),
+        ({"steps": 0}, "steps"),
+        ({"steps": -3}, "steps"),
+        ({"steps": "abc"}, "steps"),
+        ({"steps": 1000000000}, "steps"),
+        ({"steps": "2.5"}, "steps"),
+        ({"steps": 5, "activities": "tpu"}, "activities"),
+        ({"steps": 5, "activities": ","}, "activities"),
+        ({"steps": 5, "delay": -1}, "delay"),
+        ({"steps": 5, "record_shapes": "maybe"}, "record_shapes"),
+        ({"steps": 5, "processes": "gpu"}, "processes"),
+        ({"steps": 5, "processes": "worker:x"}, "processes"),
+        ({"steps": 5, "timeout_s": "0"}, "timeout_s"),
+        ({"steps": 5, "timeout_s": "nan"}, "timeout_s"),
+        ({"steps": 5, "timeout_s": "inf"}, "timeout_s"),
+        ({"steps": 5, "stepz": 3}, "stepz"),
+    ],
+)
+def test_bad_parameters_name_the_parameter(params, param):
+    with pytest.raises(ParamError) as info:
+        parse(**params)
+    assert info.value.param == param
+    body = info.value.to_json()
+    assert body["param"] == param and body["error"] == "bad_parameter" and body["message"]
+
+
+def test_good_parameters_are_parsed():
+    req = parse(steps=5, activities="CPU,cuda,cpu", delay=2, with_stack="true", record_shapes="0",
+                processes="worker:1,engine-core", timeout_s="2.5")
+    assert req.steps == 5 and req.delay == 2
+    assert req.activities == ("cpu", "cuda")
+    assert req.with_stack is True and req.record_shapes is False
+    assert req.processes == (ProcessSelector("worker", 1), ProcessSelector("engine_core"))
+    assert req.timeout_s == 2.5
+    assert req.selects("worker", 1) and req.selects("engine_core", None)
+    assert not req.selects("worker", 0) and not req.selects("api_server", None)
+
+
+def test_defaults_select_everything():
+    req = parse(steps=1)
+    assert req.activities == () and req.delay == 0 and not req.with_stack
+    assert req.selects("api_server", None) and req.selects("worker", 7)

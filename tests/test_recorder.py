@@ -1,0 +1,114 @@
+"""StepCapture against the real torch.profiler, driven by a simulated step loop."""
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from sidecar.probe.recorder import StepCapture
+from sidecar.protocol import CaptureSpec
+
+
+class Reports:
+    def __init__(self):
+        self.messages = []
+        self.done = threading.Event()
+
+    def __call__(self, msg):
+        self.messages.append(msg)
+        if msg["state"] in ("done", "failed"):
+            self.done.set()
+
+    @property
+    def states(self):
+        return [m["state"] for m in self.messages]
+
+
+@pytest.fixture
+def exporter():
+    with ThreadPoolExecutor(1) as pool:
+        yield pool
+
+
+def work():
+    x = torch.randn(16, 16)
+    return (x @ x).sum()
+
+
+def step(capture, has_work=True):
+    capture.on_step_begin(has_work)
+    if has_work:
+        work()
+    capture.on_step_end(has_work)
+
+
+def profiler_steps(path):
+    events = json.load(open(path))["traceEvents"]
+    return sorted(e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+
+
+def test_records_exactly_n_working_steps_and_skips_empty_ones(tmp_path, exporter):
+    reports = Reports()
+    spec = CaptureSpec(id="c1", steps=3, out_dir=str(tmp_path))
+    capture = StepCapture(spec, str(tmp_path / "w.json"), reports, exporter)
+    step(capture, has_work=False)  # an idle step before anything: does not start the capture
+    assert capture.state == "armed"
+    for has_work in (True, False, True, False, True, True, True):
+        step(capture, has_work)
+    assert reports.done.wait(10)
+    assert reports.states == ["capturing", "exporting", "done"]
+    assert reports.messages[-1]["steps_recorded"] == 3
+    assert profiler_steps(tmp_path / "w.json") == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    assert capture.finished
+
+
+def test_delay_skips_working_steps_first(tmp_path, exporter):
+    reports = Reports()
+    spec = CaptureSpec(id="c2", steps=2, delay=3, out_dir=str(tmp_path))
+    capture = StepCapture(spec, str(tmp_path / "w.json"), reports, exporter)
+    for _ in range(3):
+        step(capture)
+        assert capture.state == "armed"
+    step(capture)
+    assert capture.state == "recording"
+    step(capture)
+    assert reports.done.wait(10)
+    assert len(profiler_steps(tmp_path / "w.json")) == 2
+
+
+def test_stop_before_start_fails_without_touching_the_profiler(tmp_path, exporter):
+    reports = Reports()
+    capture = StepCapture(CaptureSpec(id="c3", steps=2, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    assert capture.request_stop("timeout") is True
+    assert capture.finished and reports.states == ["failed"]
+    assert "timeout" in reports.messages[0]["error"]
+    step(capture)  # later steps are no-ops
+    assert reports.states == ["failed"] and not (tmp_path / "w.json").exists()
+
+
+def test_stop_while_recording_keeps_what_was_recorded(tmp_path, exporter):
+    reports = Reports()
+    capture = StepCapture(CaptureSpec(id="c4", steps=10, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    step(capture)
+    step(capture)
+    assert capture.request_stop("stopped by request") is False  # only the step thread may stop torch
+    assert capture.state == "recording"
+    step(capture)  # the next step boundary ends it
+    assert reports.done.wait(10)
+    assert reports.messages[-1]["state"] == "done"
+    assert reports.messages[-1]["steps_recorded"] == 2
+    assert reports.messages[-1]["stop_reason"] == "stopped by request"
+    assert len(profiler_steps(tmp_path / "w.json")) == 2
+
+
+def test_export_failure_is_reported_not_raised(tmp_path, exporter):
+    reports = Reports()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    capture = StepCapture(CaptureSpec(id="c5", steps=1, out_dir=str(blocker)), str(blocker / "w.json"), reports, exporter)
+    step(capture)
+    assert reports.done.wait(10)
+    assert reports.messages[-1]["state"] == "failed"
+    assert "export failed" in reports.messages[-1]["error"]
