@@ -1,0 +1,19 @@
+"""Request telemetry: OpenTelemetry spans and metrics for LLM inference servers (docs/telemetry.md).
+
+Engine-agnostic. One module per concept: ``settings`` (environment), ``setup`` (providers of one
+process), ``instruments`` (metric names and buckets), ``requests`` (a finished request → span tree +
+metrics), ``clock`` (engine monotonic → wall clock), ``export`` (bounded, dropping span export),
+``push`` (metrics to the sidecar), ``steps`` (step metrics and sampled step spans), ``gpu`` / ``process``
+(samplers), ``sampling`` (their thread), ``capture`` (a capture as a span).
+"""
+
+from .capture import CaptureRecord, record_capture
+from .clock import ClockOffset
+from .requests import FinishedRequest, operation_from_request_id, record_request
+from .settings import TelemetrySettings
+from .setup import Telemetry, create_telemetry, make_resource
+
+__all__ = [
+    "CaptureRecord", "ClockOffset", "FinishedRequest", "Telemetry", "TelemetrySettings", "create_telemetry",
+    "make_resource", "operation_from_request_id", "record_capture", "record_request",
+]

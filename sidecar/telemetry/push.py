@@ -1,0 +1,78 @@
+"""Engine processes push their metrics to the sidecar (OTLP/HTTP, protobuf) for its one /metrics.
+
+A MetricExporter with a short timeout and no retries: the next push carries the same cumulative
+values, so a lost one costs nothing. It runs on the metric reader's thread, never on the engine's
+step path. The token is read on every push, so a sidecar started after the engine is picked up.
+An unreachable sidecar is logged once, and once more when it is reachable again.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from typing import Callable
+
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+    _Gauge,
+)
+
+from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter, MetricExportResult, MetricsData
+
+from .. import auth
+
+log = logging.getLogger(__name__)
+
+CUMULATIVE = {
+    kind: AggregationTemporality.CUMULATIVE
+    for kind in (Counter, UpDownCounter, Histogram, _Gauge, ObservableCounter, ObservableUpDownCounter, ObservableGauge)
+}
+
+
+class SidecarMetricExporter(MetricExporter):
+    def __init__(self, url: str, token_provider: Callable[[], str | None] = auth.read_token,
+                 timeout_s: float = 2.0) -> None:
+        super().__init__(preferred_temporality=CUMULATIVE)
+        self._url = url
+        self._token_provider = token_provider
+        self._timeout = timeout_s
+        # The sidecar is local: never route these pushes through an HTTP proxy from the environment.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._failing = False
+        self.pushes = 0
+        self.failures = 0
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        body = encode_metrics(metrics_data).SerializeToString()
+        headers = {"Content-Type": "application/x-protobuf"}
+        token = self._token_provider()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(self._url, data=body, headers=headers, method="POST")
+        try:
+            with self._opener.open(request, timeout=min(self._timeout, timeout_millis / 1000)) as response:
+                response.read()
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            self.failures += 1
+            if not self._failing:
+                self._failing = True
+                log.info("inference-sidecar: cannot push metrics to %s (%s); retrying quietly", self._url, exc)
+            return MetricExportResult.FAILURE
+        self.pushes += 1
+        if self._failing:
+            self._failing = False
+            log.info("inference-sidecar: pushing metrics to %s again", self._url)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        pass
