@@ -20,7 +20,6 @@ class ThreadTree:
 
     parent: array  # index of the innermost enclosing event, -1 for a top-level event
     child_time: array  # time covered by direct children (clipped to the parent)
-    order: list[int]  # indices sorted by start time, parents before their children
 
     def self_time(self, thread: HostThread, i: int) -> float:
         value = thread.dur[i] - self.child_time[i]
@@ -57,4 +56,4 @@ def build_tree(thread: HostThread) -> ThreadTree:
             child_time[p] += (end if end < p_end else p_end) - start
         stack_idx.append(i)
         stack_end.append(end)
-    return ThreadTree(parent=parent, child_time=child_time, order=order)
+    return ThreadTree(parent=parent, child_time=child_time)

@@ -112,14 +112,14 @@ class _Buffer:
         shown = self.buf[self.pos : self.pos + 20].decode("utf-8", "replace")
         return self.error(f"expected {what}, found {shown!r}")
 
-    def value_end(self) -> tuple[Any, int]:
+    def value_end(self, what: str) -> tuple[Any, int]:
         """Decode one JSON value at pos with the standard library (exact, slower); returns the value
         and the index just after it. The text window grows while the value looks incomplete, up to
         ``_MAX_VALUE_BYTES``, so a corrupt byte early in a big file does not pull in the rest."""
         decoder = json.JSONDecoder()
         window = 1 << 16
         if self.peek() is None:
-            raise self.error("truncated: the file ends where a JSON value was expected")
+            raise self.error(f"truncated: the file ends where {what} was expected")
         while True:
             text = self.buf[self.pos : self.pos + window].decode("utf-8", "surrogateescape")
             try:
@@ -132,8 +132,8 @@ class _Buffer:
                         continue
                 at = self.pos + len(text[: exc.pos].encode("utf-8", "surrogateescape"))
                 if incomplete and self.eof:
-                    raise self.error("truncated: the file ends inside a JSON value", at) from None
-                raise self.error(f"corrupt JSON: {exc.msg}", at) from None
+                    raise self.error(f"truncated: the file ends inside {what}", at) from None
+                raise self.error(f"corrupt JSON in {what}: {exc.msg}", at) from None
             return value, self.pos + len(text[:end].encode("utf-8", "surrogateescape"))
 
 
@@ -171,7 +171,7 @@ def _object_members(buf: _Buffer, top: TopLevel) -> Iterator[list[RawEvent]]:
             top.saw_events = True
             yield from _event_array(buf, top)
         else:
-            value, buf.pos = buf.value_end()
+            value, buf.pos = buf.value_end(f"the top-level member {key!r}")
             if key in _KEPT_MEMBERS:
                 top.members[key] = value
         nxt = buf.peek()
@@ -290,7 +290,7 @@ def _one_event(buf: _Buffer, top: TopLevel) -> Optional[RawEvent]:
     if buf.peek() is None:
         raise buf.error("truncated: the file ends inside traceEvents")
     start = buf.pos
-    value, end = buf.value_end()
+    value, end = buf.value_end("an event of traceEvents")
     if not isinstance(value, dict):
         raise buf.error("traceEvents holds an entry that is not an object: not a Chrome/Kineto trace", start)
     buf.pos = end

@@ -1,0 +1,183 @@
+"""Benchmark: ``sidecar analyze`` against Holistic Trace Analysis on the same traces.
+
+Each tool runs in a subprocess of its own, so that its wall time includes starting Python and its
+imports (what a user waits for) and its peak RSS is its own: ``os.wait4`` returns the resource
+usage of exactly that child. HTA does what the issue compares against: load the trace and produce
+its GPU kernel breakdown. The sidecar produces its whole summary (``--json``), which is more.
+
+Runs alternate between the tools and the best wall time of ``--repeats`` runs is kept, because a
+shared machine adds noise in one direction only. Results: a table on stdout and
+``bench-results/analyze.json``.
+
+    python benchmarks/bench_analyze.py [--repeats 3] [--scaled-copies 4] [--traces DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TRACES = REPO.parent / "shared" / "traces"
+LARGEST = "v100-train-large.json.gz"
+DEFAULT_NAMES = (LARGEST, "a100-train-step.json.gz", "a100-nccl-multistream.json.gz")
+TARGET_SPEEDUP = 10.0
+TARGET_MEMORY_RATIO = 0.25
+
+_HTA_SCRIPT = """
+import logging, sys, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.CRITICAL)
+from hta.trace_analysis import TraceAnalysis
+analysis = TraceAnalysis(trace_dir=sys.argv[1])
+kernel_types, kernels = analysis.get_gpu_kernel_breakdown(visualize=False)
+print(len(kernels))
+"""
+
+
+def _run(cmd: Sequence[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one child process."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "plugins"), os.environ.get("PYTHONPATH", "")]))
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stderr[-2000:]}")
+    return wall, usage.ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def sidecar_cmd(trace: Path) -> list[str]:
+    return [sys.executable, "-m", "sidecar.cli", "analyze", str(trace), "--json"]
+
+
+def hta_cmd(trace_dir: Path) -> list[str]:
+    return [sys.executable, "-c", _HTA_SCRIPT, str(trace_dir)]
+
+
+def json_size(trace: Path) -> int:
+    with (gzip.open(trace, "rb") if trace.name.endswith(".gz") else trace.open("rb")) as fh:
+        return sum(len(chunk) for chunk in iter(lambda: fh.read(1 << 20), b""))
+
+
+def scaled_copy(source: Path, copies: int, out: Path) -> Path:
+    """A trace ``copies`` times as large: the events of ``source`` repeated (same timestamps), for
+    a size in the hundreds of MB that no shared trace reaches."""
+    text = gzip.decompress(source.read_bytes())
+    start = text.index(b"[", text.index(b'"traceEvents"')) + 1
+    end = text.rindex(b"]")
+    body = text[start:end].strip()
+    with out.open("wb") as fh:
+        fh.write(text[:start])
+        for n in range(copies):
+            fh.write(b",\n" if n else b"")
+            fh.write(body)
+        fh.write(text[end:])
+    return out
+
+
+def measure(label: str, trace: Path, repeats: int, work: Path) -> dict:
+    hta_dir = work / f"hta-{trace.name}"
+    hta_dir.mkdir(exist_ok=True)
+    link = hta_dir / trace.name
+    if not link.exists():
+        link.symlink_to(trace.resolve())
+    ours, theirs = [], []
+    for _ in range(repeats):
+        ours.append(_run(sidecar_cmd(trace)))
+        theirs.append(_run(hta_cmd(hta_dir)))
+    ours_s, hta_s = min(w for w, _ in ours), min(w for w, _ in theirs)
+    ours_mb, hta_mb = max(m for _, m in ours), max(m for _, m in theirs)
+    return {
+        "trace": label,
+        "file_mb": round(trace.stat().st_size / 2**20, 2),
+        "json_mb": round(json_size(trace) / 2**20, 2),
+        "sidecar_s": round(ours_s, 3),
+        "hta_s": round(hta_s, 3),
+        "speedup": round(hta_s / ours_s, 2),
+        "sidecar_peak_mb": round(ours_mb, 1),
+        "hta_peak_mb": round(hta_mb, 1),
+        "memory_ratio": round(ours_mb / hta_mb, 3),
+        "runs": {"sidecar": [[round(w, 3), round(m, 1)] for w, m in ours], "hta": [[round(w, 3), round(m, 1)] for w, m in theirs]},
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'trace':<34} {'JSON MB':>8} {'sidecar s':>10} {'HTA s':>8} {'speed-up':>9} {'sidecar MB':>11} {'HTA MB':>8} {'mem ratio':>10}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['trace']:<34} {r['json_mb']:>8.1f} {r['sidecar_s']:>10.3f} {r['hta_s']:>8.3f} {r['speedup']:>8.1f}× "
+            f"{r['sidecar_peak_mb']:>11.1f} {r['hta_peak_mb']:>8.1f} {r['memory_ratio']:>10.3f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="folder of recorded traces (default ../shared/traces)")
+    parser.add_argument("--names", nargs="*", default=list(DEFAULT_NAMES), help="trace files to run (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per tool and trace; the best wall time is kept")
+    parser.add_argument("--scaled-copies", type=int, default=4, help=f"also run on {LARGEST} repeated N times (0: skip)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "analyze.json")
+    args = parser.parse_args(argv)
+
+    if not args.traces.is_dir():
+        print(f"bench_analyze: no traces at {args.traces}", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-analyze-") as tmp:
+        work = Path(tmp)
+        for name in args.names:
+            rows.append(measure(name, args.traces / name, args.repeats, work))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+        if args.scaled_copies > 1:
+            big = scaled_copy(args.traces / LARGEST, args.scaled_copies, work / f"v100-train-large-x{args.scaled_copies}.json")
+            rows.append(measure(big.name, big, args.repeats, work))
+    largest = rows[0] if rows and rows[0]["trace"] == LARGEST else None
+    verdict = None
+    if largest:
+        verdict = {
+            "trace": LARGEST,
+            "speedup": largest["speedup"],
+            "speedup_target": TARGET_SPEEDUP,
+            "speedup_met": largest["speedup"] >= TARGET_SPEEDUP,
+            "memory_ratio": largest["memory_ratio"],
+            "memory_target": TARGET_MEMORY_RATIO,
+            "memory_met": largest["memory_ratio"] <= TARGET_MEMORY_RATIO,
+        }
+    result = {
+        "benchmark": "sidecar analyze vs HTA get_gpu_kernel_breakdown",
+        "command": "python benchmarks/bench_analyze.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_average_at_start": os.getloadavg()},
+        "rows": rows,
+        "target": verdict,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print()
+    print(table(rows))
+    if verdict:
+        print(
+            f"\n{LARGEST}: {verdict['speedup']}× faster (target ≥ {TARGET_SPEEDUP:g}×: {'met' if verdict['speedup_met'] else 'NOT met'}), "
+            f"{verdict['memory_ratio']:.2f} of HTA's peak memory (target ≤ {TARGET_MEMORY_RATIO}: {'met' if verdict['memory_met'] else 'NOT met'})"
+        )
+    print(f"results written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
