@@ -50,9 +50,9 @@ async def sidecar(aiohttp_client, tmp_path):
     return make
 
 
-async def wait_processes(client, count, timeout=60):
+async def wait_processes(client, count, timeout=60, headers=None):
     for _ in range(int(timeout * 10)):
-        body = await (await client.get("/processes")).json()
+        body = await (await client.get("/processes", headers=headers)).json()
         if len(body["processes"]) >= count:
             return body["processes"]
         await asyncio.sleep(0.1)
@@ -191,7 +191,8 @@ async def test_token_protects_api_and_probe_channel(sidecar, engines):
     assert (await client.get("/processes", headers={"Authorization": "Bearer wrong"})).status == 401
     engines(client.url, "worker", "--rank", "0", token="wrong-probe-token")
     engines(client.url, "worker", "--rank", "1")
-    await asyncio.sleep(4)
+    await wait_processes(client, 1, headers=auth)
+    await asyncio.sleep(1.5)  # both probes started together; the wrong one has had its tries by now
     procs = (await (await client.get("/processes", headers=auth)).json())["processes"]
     assert [p["rank"] for p in procs] == [1], "the probe with the wrong token must not be registered"
 

@@ -326,8 +326,9 @@ class CaptureManager:
                 reasons.append(f"{rec.label}: {rec.error or rec.state}")
             elif rec.step_driven and rec.steps_recorded < capture.request.steps:
                 reasons.append(f"{rec.label}: recorded {rec.steps_recorded} of {capture.request.steps} steps")
-        if capture.trace_file is None:
-            return FAILED, "; ".join(reasons) or "no trace was produced"
+        if capture.trace_file is None or not any(r.step_driven and r.state == P_DONE for r in capture.processes):
+            # The API server's window alone, without any engine step, answers nothing.
+            return FAILED, "; ".join(dict.fromkeys(reasons)) or "no engine step was recorded"
         if reasons:
             return PARTIAL, "; ".join(dict.fromkeys(reasons))
         return DONE, None

@@ -1,0 +1,60 @@
+"""Shared fixtures. The real vLLM stack is started once per test session, on first use."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from sidecar.devtools.local_model import build_model
+from sidecar.devtools.stack import Stack
+from sidecar.devtools.traffic import LoadResult, run_load
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_model(tmp_path_factory.mktemp("model") / "tiny", size="tiny")
+
+
+@pytest.fixture(scope="session")
+def vllm_stack(tiny_model, tmp_path_factory):
+    """The sidecar and a real multi-process vLLM OpenAI server with the plugin installed."""
+    stack = Stack(model_dir=tiny_model, work_dir=tmp_path_factory.mktemp("stack"))
+    try:
+        stack.start_sidecar()
+        stack.start_vllm()
+        stack.wait_for_processes(3, timeout=60)
+        yield stack
+    finally:
+        stack.close()
+
+
+class BackgroundLoad:
+    """Streaming clients running in a thread while a test does something else."""
+
+    def __init__(self, stack: Stack, concurrency: int, duration_s: float, max_tokens: int = 48) -> None:
+        self.result: LoadResult | None = None
+        self._thread = threading.Thread(
+            target=lambda: setattr(self, "result", asyncio.run(run_load(
+                stack.vllm_url, stack.served_name, concurrency=concurrency, duration_s=duration_s, max_tokens=max_tokens))),
+            daemon=True,
+        )
+
+    def __enter__(self) -> "BackgroundLoad":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._thread.join(timeout=300)
+
+    def join(self) -> LoadResult:
+        self._thread.join(timeout=300)
+        assert self.result is not None, "load generator did not finish"
+        return self.result
+
+
+@pytest.fixture
+def background_load():
+    return BackgroundLoad
