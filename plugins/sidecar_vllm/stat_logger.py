@@ -1,0 +1,210 @@
+"""Request spans and metrics for vLLM, from the ``vllm.stat_logger_plugins`` entry point.
+
+vLLM builds one ``SidecarStatLogger`` per ``AsyncLLM`` (API server, async engine only; it is an
+``AggregateStatLoggerBase``, so data-parallel engines share it) and calls ``record()`` on the API
+server's event loop after each batch of engine outputs. vLLM's ``FinishedRequestStats`` keeps only
+durations, so three small request-path patches, applied once when the logger is built, hand the
+logger what it needs alongside the ``IterationStats`` it already receives:
+
+- ``OutputProcessor._update_stats_from_finished``: the finished request's ``RequestState`` (sampling
+  parameters, token counts, and ``RequestStateStats`` with the engine's own timestamps).
+- ``OutputProcessor.abort_requests`` / ``process_outputs``: requests aborted by the client never reach
+  the stats; they are handed over with the next batch of outputs, with ``error.type=aborted``.
+- ``AsyncLLM.add_request`` / ``OutputProcessor.add_request``: the incoming W3C ``traceparent``.
+  vLLM 0.32 passes ``trace_headers`` from the OpenAI server to ``AsyncLLM.add_request`` and drops them
+  there unless its own ``--otlp-traces-endpoint`` is set; the patch keeps them (in a ContextVar for the
+  duration of that call) and attaches them to the request's state, so the request span becomes a child
+  of the caller's span with nothing but the standard ``OTEL_*`` variables configured.
+
+Everything else (span tree, metrics, export) is engine-agnostic, in ``sidecar.telemetry``. A failure
+here is logged once and never reaches vLLM.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import importlib
+import inspect
+import logging
+import time
+from typing import Any, Callable
+
+from vllm.v1.metrics.loggers import AggregateStatLoggerBase
+
+from sidecar.telemetry import ClockOffset, FinishedRequest, create_telemetry, operation_from_request_id, record_request
+
+log = logging.getLogger(__name__)
+
+MARK = "__inference_sidecar_telemetry__"
+HEADERS_ATTR = "_inference_sidecar_trace_headers"  # on a RequestState
+FINISHED_ATTR = "_inference_sidecar_finished"  # on an IterationStats: [(RequestState, finish_reason, wall end)]
+ABORTED_ATTR = "_inference_sidecar_aborted"  # on an OutputProcessor: aborted, not yet handed over
+
+_TRACE_HEADERS: contextvars.ContextVar = contextvars.ContextVar("inference_sidecar_trace_headers", default=None)
+
+
+# -- request-path patches ---------------------------------------------------------------------------
+def _patch(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, MARK, False):
+        return
+    wrapped = functools.wraps(original)(make(original))
+    setattr(wrapped, MARK, True)
+    setattr(cls, name, wrapped)
+
+
+def _wrap_async_add_request(original):
+    signature = inspect.signature(original)
+    names = list(signature.parameters)
+    positional_index = names.index("trace_headers") if "trace_headers" in names else len(names)
+
+    async def add_request(self, *args, **kwargs):
+        headers = kwargs.get("trace_headers")
+        if headers is None and len(args) >= positional_index:  # passed by position: bind to find it
+            headers = signature.bind_partial(self, *args, **kwargs).arguments.get("trace_headers")
+        token = _TRACE_HEADERS.set(dict(headers) if headers else None)
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            _TRACE_HEADERS.reset(token)
+
+    return add_request
+
+
+def _wrap_output_add_request(original):
+    def add_request(self, request, *args, **kwargs):
+        result = original(self, request, *args, **kwargs)
+        headers = _TRACE_HEADERS.get()
+        if headers:
+            state = self.request_states.get(request.request_id)
+            if state is not None:
+                state.__dict__[HEADERS_ATTR] = headers
+        return result
+
+    return add_request
+
+
+def _wrap_update_stats_from_finished(original):
+    def _update_stats_from_finished(self, req_state, finish_reason, iteration_stats):
+        result = original(self, req_state, finish_reason, iteration_stats)
+        if iteration_stats is not None and req_state.stats is not None:
+            iteration_stats.__dict__.setdefault(FINISHED_ATTR, []).append(
+                (req_state, finish_reason, iteration_stats.iteration_timestamp))
+        return result
+
+    return _update_stats_from_finished
+
+
+def _wrap_abort_requests(original):
+    def abort_requests(self, *args, **kwargs):
+        before = dict(self.request_states)
+        result = original(self, *args, **kwargs)
+        now = time.time()
+        gone = [state for rid, state in before.items() if rid not in self.request_states and state.stats is not None]
+        if gone:
+            self.__dict__.setdefault(ABORTED_ATTR, []).extend((state, "abort", now) for state in gone)
+        return result
+
+    return abort_requests
+
+
+def _wrap_process_outputs(original):
+    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None, *args, **kwargs):
+        aborted = self.__dict__.get(ABORTED_ATTR)
+        if aborted and iteration_stats is not None:
+            self.__dict__[ABORTED_ATTR] = []
+            iteration_stats.__dict__.setdefault(FINISHED_ATTR, []).extend(aborted)
+        return original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
+
+    return process_outputs
+
+
+PATCHES: tuple[tuple[str, str, str, Callable], ...] = (
+    ("vllm.v1.engine.async_llm", "AsyncLLM", "add_request", _wrap_async_add_request),
+    ("vllm.v1.engine.output_processor", "OutputProcessor", "add_request", _wrap_output_add_request),
+    ("vllm.v1.engine.output_processor", "OutputProcessor", "_update_stats_from_finished",
+     _wrap_update_stats_from_finished),
+    ("vllm.v1.engine.output_processor", "OutputProcessor", "abort_requests", _wrap_abort_requests),
+    ("vllm.v1.engine.output_processor", "OutputProcessor", "process_outputs", _wrap_process_outputs),
+)
+
+
+def install_request_hooks() -> None:
+    """Apply the request-path patches (idempotent). Each failing patch is logged; the others apply."""
+    for module_name, class_name, attr, make in PATCHES:
+        try:
+            _patch(getattr(importlib.import_module(module_name), class_name), attr, make)
+        except Exception as exc:
+            log.warning("inference-sidecar: cannot patch %s.%s.%s: %s", module_name, class_name, attr, exc)
+
+
+# -- vLLM request state → FinishedRequest -----------------------------------------------------------
+def finished_request(req_state: Any, finish_reason: Any, finished_time: float, model: str) -> FinishedRequest:
+    stats = req_state.stats
+    request_id = req_state.external_req_id
+    return FinishedRequest(
+        request_id=request_id,
+        model=req_state.lora_name or model,
+        operation=operation_from_request_id(request_id),
+        finish_reason=str(finish_reason).lower(),
+        arrival_time=stats.arrival_time,
+        finished_time=finished_time,
+        queued_ts=stats.queued_ts,
+        scheduled_ts=stats.scheduled_ts,
+        first_token_ts=stats.first_token_ts,
+        last_token_ts=stats.last_token_ts,
+        time_to_first_token=stats.first_token_latency,
+        input_tokens=req_state.prompt_len or 0,
+        output_tokens=stats.num_generation_tokens,
+        cached_input_tokens=req_state.num_cached_tokens or 0,
+        preemptions=stats.num_preemptions,
+        max_tokens=req_state.max_tokens_param,
+        temperature=req_state.temperature,
+        top_p=req_state.top_p,
+        trace_headers=req_state.__dict__.get(HEADERS_ATTR),
+    )
+
+
+def _served_model_name(vllm_config: Any) -> str:
+    model_config = vllm_config.model_config
+    name = getattr(model_config, "served_model_name", None) or model_config.model
+    return name[0] if isinstance(name, (list, tuple)) else str(name)
+
+
+class SidecarStatLogger(AggregateStatLoggerBase):
+    """Named in pyproject.toml under ``vllm.stat_logger_plugins``."""
+
+    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None, *, telemetry=None) -> None:
+        self.engine_indexes = engine_indexes or [0]
+        self.model = _served_model_name(vllm_config)
+        self.telemetry = None
+        self._failed = False
+        try:
+            install_request_hooks()
+            self.telemetry = telemetry or create_telemetry("api_server").start_samplers(process=True, gpu=True)
+        except Exception as exc:
+            log.warning("inference-sidecar: request telemetry is off: %s", exc)
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+        telemetry = self.telemetry
+        if telemetry is None or iteration_stats is None:
+            return
+        finished = iteration_stats.__dict__.pop(FINISHED_ATTR, None)
+        if not finished:
+            return
+        clock = ClockOffset.measure()
+        for req_state, finish_reason, finished_time in finished:
+            try:
+                record_request(finished_request(req_state, finish_reason, finished_time, self.model),
+                               telemetry.tracer, telemetry.requests, clock)
+            except Exception:
+                if not self._failed:
+                    self._failed = True
+                    log.warning("inference-sidecar: a request span was not recorded (logged once)", exc_info=True)
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def record_admission_rejection(self, reason: str) -> None:
+        pass
