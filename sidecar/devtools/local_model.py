@@ -38,7 +38,7 @@ SIZES = {
     # About 1M parameters: a 1-1.5 ms engine step on one CPU core, the harshest test of per-step cost.
     "tiny": ModelSize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, dtype="float32"),
     # About 126M parameters: the benchmark model (about 15 ms per step on one CPU core).
-    "126m": ModelSize(hidden=1024, layers=8, heads=16, kv_heads=4, intermediate=2816, dtype="bfloat16"),
+    "126m": ModelSize(hidden=1024, layers=8, heads=16, kv_heads=4, intermediate=4096, dtype="bfloat16"),
 }
 VOCAB_SIZE = 2048
 

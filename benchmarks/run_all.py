@@ -1,0 +1,31 @@
+"""``make bench``: every benchmark of the project, one after another, each printing its ratios."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = ("bench_capture.py", "bench_analyze.py", "bench_syncs.py")
+
+
+def main() -> int:
+    failed = []
+    for name in BENCHMARKS:
+        path = HERE / name
+        if not path.exists():
+            continue
+        print(f"\n===== {name}", flush=True)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if module.main([]) != 0:
+            failed.append(name)
+    if failed:
+        print(f"\nbenchmarks that failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
