@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Real backends and validators the telemetry tests use (tests/telemetry). Idempotent.
+#   - Prometheus + promtool (Debian package): scrapes the sidecar's /metrics in tests, checks deploy/prometheus.yml
+#   - check-jsonschema: validates docker-compose.yml against the compose specification's schema
+#   - opentelemetry-exporter-prometheus: the reference for the sidecar's metric name translation
+#   - grafana-foundation-sdk (pinned build): dashboards/generate.py
+#   - arize-phoenix: a real OTLP trace backend for the end-to-end trace test (SKIP_PHOENIX=1 to leave it out)
+set -euo pipefail
+PYTHON="${PYTHON:-.venv/bin/python}"
+
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get install -y --no-install-recommends prometheus || {
+    $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends prometheus
+  }
+fi
+# The Debian package starts a system Prometheus on :9090 where systemd runs; the tests start their own.
+
+pkgs=(check-jsonschema "opentelemetry-exporter-prometheus==0.66b2" "grafana-foundation-sdk==1769699379!11.6.0")
+if [ "${SKIP_PHOENIX:-0}" != "1" ]; then
+  pkgs+=(arize-phoenix)
+fi
+"$PYTHON" -m pip install --quiet "${pkgs[@]}"
+echo "test backends ready: $(prometheus --version 2>&1 | head -1)"
