@@ -1,0 +1,120 @@
+"""Which sync sites are expected: built-in entries for engines' deliberate transfers plus the
+user's own, from a JSON file (format in docs/syncs.md).
+
+An entry matches a site when every field it gives matches: ``path`` is a glob against the site's
+import-relative path (``vllm/v1/worker/gpu_model_runner.py``), ``function`` and ``op`` compare
+exactly, ``line`` is optional (lines move between versions; functions rarely do).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+log = logging.getLogger(__name__)
+
+EXPECTED, HIDDEN = "expected", "hidden"
+_FIELDS = ("path", "function", "op", "line", "reason")
+
+
+@dataclass(frozen=True)
+class AllowEntry:
+    path: str
+    function: Optional[str] = None
+    op: Optional[str] = None
+    line: Optional[int] = None
+    reason: str = ""
+
+    def matches(self, site: Mapping[str, Any]) -> bool:
+        if not (fnmatch.fnmatchcase(site["path"], self.path) or fnmatch.fnmatchcase(site["file"], "*/" + self.path)):
+            return False
+        if self.function is not None and site["function"] != self.function:
+            return False
+        if self.op is not None and site["op"] != self.op:
+            return False
+        return self.line is None or site["line"] == self.line
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "AllowEntry":
+        if not isinstance(d, Mapping):
+            raise ValueError(f"allowlist entry must be an object, got {d!r}")
+        unknown = sorted(set(d) - set(_FIELDS))
+        if unknown:
+            raise ValueError(f"allowlist entry has unknown field {unknown[0]!r}; known: {', '.join(_FIELDS)}")
+        path = d.get("path")
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"allowlist entry needs a non-empty string 'path': {dict(d)!r}")
+        line = d.get("line")
+        if line is not None and (not isinstance(line, int) or isinstance(line, bool)):
+            raise ValueError(f"allowlist entry 'line' must be an integer: {dict(d)!r}")
+        return cls(path=path, function=d.get("function"), op=d.get("op"), line=line, reason=str(d.get("reason", "")))
+
+
+# vLLM V1 (checked against 0.32's source). Each is a transfer vLLM makes on purpose once per step.
+_SAMPLED = "vLLM's per-step transfer of the sampled token ids to the host"
+VLLM_ENTRIES: tuple[AllowEntry, ...] = (
+    # GPUModelRunner._to_list: pinned copy_(non_blocking) + transfer_event.synchronize() + tolist().
+    AllowEntry("vllm/v1/worker/gpu_model_runner.py", "_to_list", reason=_SAMPLED),
+    # CPUModelRunner._to_list: sampled_token_ids.tolist() (no events on CPU).
+    AllowEntry("vllm/v1/worker/cpu_model_runner.py", "_to_list", reason=_SAMPLED),
+    # AsyncGPUModelRunnerOutput.get_output (async scheduling): async_copy_ready_event.synchronize()
+    # then sampled_token_ids_cpu.tolist().
+    AllowEntry("vllm/v1/worker/gpu_model_runner.py", "get_output", reason=_SAMPLED + " (async scheduling)"),
+    # LogprobsTensors.tolists(): requested logprobs go to the host with the sampled tokens.
+    AllowEntry("vllm/v1/outputs.py", "tolists", reason="vLLM's per-step transfer of requested logprobs"),
+)
+
+
+class Allowlist:
+    def __init__(self, entries: Iterable[AllowEntry] = VLLM_ENTRIES) -> None:
+        self.entries = tuple(entries)
+
+    def extended(self, more: Iterable[AllowEntry]) -> "Allowlist":
+        return Allowlist(self.entries + tuple(more))
+
+    def match(self, site: Mapping[str, Any]) -> Optional[AllowEntry]:
+        return next((e for e in self.entries if e.matches(site)), None)
+
+    def classify(self, site: Mapping[str, Any]) -> tuple[str, str]:
+        entry = self.match(site)
+        return (EXPECTED, entry.reason) if entry is not None else (HIDDEN, "")
+
+
+def load_entries(path: str | Path) -> list[AllowEntry]:
+    """A JSON file holding a list of entries, or an object with an ``allow`` list. Raises ValueError
+    (with the file named) for anything else."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read allowlist {path}: {exc}") from None
+    if isinstance(data, Mapping):
+        data = data.get("allow")
+    if not isinstance(data, list):
+        raise ValueError(f"allowlist {path}: expected a list of entries or {{\"allow\": [...]}}")
+    try:
+        return [AllowEntry.from_json(d) for d in data]
+    except ValueError as exc:
+        raise ValueError(f"allowlist {path}: {exc}") from None
+
+
+def from_environment(base: Iterable[AllowEntry] = VLLM_ENTRIES) -> Allowlist:
+    """The built-in entries plus those of the file named by SIDECAR_SYNC_ALLOWLIST. A bad file is
+    logged and skipped: the scan still runs, with the built-in entries."""
+    from .settings import ENV_ALLOWLIST, allowlist_path
+
+    allowlist = Allowlist(base)
+    path = allowlist_path()
+    if path is None:
+        return allowlist
+    try:
+        return allowlist.extended(load_entries(path))
+    except ValueError as exc:
+        log.warning("inference-sidecar: %s ignored: %s", ENV_ALLOWLIST, exc)
+        return allowlist

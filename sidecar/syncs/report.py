@@ -1,0 +1,96 @@
+"""The report model: one JSON-ready dict per sync site, baseline comparison, and merging of the
+reports of several processes.
+
+A site (``sites`` list of a report):
+  file, path, line, function   the code that caused the sync (absolute / import-relative path)
+  op                           item, bool, float, int, tolist, numpy, cpu, to_cpu, copy_to_host,
+                               copy_to_pageable_non_blocking, nonzero, masked_select, unique,
+                               unique_consecutive, boolean_mask_index, repeat_interleave,
+                               synchronize, event.synchronize, stream.synchronize
+  phase                        forward, sampling, scheduling, other
+  count, count_per_step        calls seen; calls per recorded step
+  blocked_us                   host time spent inside those calls
+  first_step, last_step        0-based indices of the recorded steps it was seen in
+  classification, reason       expected (allowlisted, with the entry's reason) or hidden
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from .allowlist import HIDDEN, Allowlist
+from .detector import SiteStats
+
+SITE_KEY = ("path", "function", "op")
+
+
+def build_sites(stats: Iterable[SiteStats], steps: int, allowlist: Allowlist) -> list[dict[str, Any]]:
+    sites = []
+    for s in stats:
+        site = {
+            "file": s.site.file,
+            "path": s.site.path,
+            "line": s.site.line,
+            "function": s.site.function,
+            "op": s.op,
+            "phase": s.site.phase,
+            "count": s.count,
+            "count_per_step": round(s.count / steps, 3) if steps else float(s.count),
+            "blocked_us": round(s.blocked_ns / 1000.0, 1),
+            "first_step": s.first_step,
+            "last_step": s.last_step,
+        }
+        site["classification"], site["reason"] = allowlist.classify(site)
+        sites.append(site)
+    return sort_sites(sites)
+
+
+def sort_sites(sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Hidden first, then the costliest."""
+    return sorted(sites, key=lambda s: (s["classification"] != HIDDEN, -s["blocked_us"], s["path"], s["line"], s["op"]))
+
+
+def site_key(site: Mapping[str, Any], match_line: bool = True) -> tuple:
+    key = tuple(site[k] for k in SITE_KEY)
+    return key + (site["line"],) if match_line else key
+
+
+def new_sites(sites: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]] | Mapping[str, Any], match_line: bool = True) -> list[dict[str, Any]]:
+    """The sites of a scan that a saved baseline (a report, or its ``sites`` list) does not have.
+    Sites are compared by import-relative path, function and op, and by line unless
+    ``match_line=False`` (code above the site moved)."""
+    base_sites = baseline.get("sites", []) if isinstance(baseline, Mapping) else baseline
+    known = {site_key(s, match_line) for s in base_sites}
+    return [dict(s) for s in sites if site_key(s, match_line) not in known]
+
+
+def merge_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One report from the reports of several processes (each a ``sync`` message, optionally with a
+    ``process`` label). Sites with the same path, line, function and op are summed;
+    ``count_per_step`` adds up the per-process rates (syncs per engine step across all processes)."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for report in reports:
+        label = report.get("process") or report.get("pid")
+        for site in report.get("sites", []):
+            key = site_key(site)
+            into = merged.get(key)
+            if into is None:
+                into = merged[key] = {**site, "processes": []}
+            else:
+                into["count"] += site["count"]
+                into["count_per_step"] = round(into["count_per_step"] + site["count_per_step"], 3)
+                into["blocked_us"] = round(into["blocked_us"] + site["blocked_us"], 1)
+                into["first_step"] = min(into["first_step"], site["first_step"])
+                into["last_step"] = max(into["last_step"], site["last_step"])
+                if site["classification"] == HIDDEN:
+                    into["classification"], into["reason"] = HIDDEN, ""
+            if label is not None and label not in into["processes"]:
+                into["processes"].append(label)
+    steps = [r.get("steps_recorded", 0) for r in reports]
+    return {
+        "type": "sync",
+        "scan_id": next((r.get("scan_id") for r in reports if r.get("scan_id")), None),
+        "steps_recorded": min(steps) if steps else 0,
+        "processes": len(reports),
+        "sites": sort_sites(list(merged.values())),
+    }

@@ -1,0 +1,37 @@
+"""Environment variables of the sync detector, one constant each (see docs/syncs.md).
+
+Constructor arguments override the environment; a bad environment value is logged and replaced by
+the default, so a typo never stops an engine from starting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+# 1: CPU tensors count as device tensors, so a machine without a GPU shows the syncs its code would
+# cause on one. Tensors allocated by a factory call (torch.empty, zeros, full, arange, torch.tensor)
+# inside the scanned step stand for host buffers; see docs/syncs.md for the exact rule.
+ENV_TREAT_CPU_AS_DEVICE = "SIDECAR_SYNC_TREAT_CPU_AS_DEVICE"
+
+# Path of a JSON file with extra allowlist entries (format in docs/syncs.md).
+ENV_ALLOWLIST = "SIDECAR_SYNC_ALLOWLIST"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def treat_cpu_as_device() -> bool:
+    raw = os.environ.get(ENV_TREAT_CPU_AS_DEVICE, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw not in _FALSE:
+        log.warning("%s=%r is not a boolean; using 0", ENV_TREAT_CPU_AS_DEVICE, raw)
+    return False
+
+
+def allowlist_path() -> str | None:
+    raw = os.environ.get(ENV_ALLOWLIST, "").strip()
+    return raw or None
