@@ -1,4 +1,4 @@
-"""The ``sidecar`` console command.
+"""sidecar: profile a running LLM inference engine (serve, capture, analyze, make-model).
 
 Each sub-command lives with the concept it drives and registers itself through a small
 ``register(subparsers)`` function, so this module stays a dispatcher.

@@ -49,12 +49,12 @@ def test_merge_aligns_clocks_and_separates_devices(tmp_path):
 
     assert result.trace_file == "trace.json.gz" and not result.problems
     assert {stem: o.file for stem, o in result.processes.items()} == {
-        "worker-rank0-pid101": "worker-rank0-pid101.json.gz",
-        "worker-rank1-pid102": "worker-rank1-pid102.json.gz",
-        "engine_core-pid100": "engine_core-pid100.json.gz",
+        "worker-rank0-pid101": "worker-rank0-pid101.pt.trace.json.gz",
+        "worker-rank1-pid102": "worker-rank1-pid102.pt.trace.json.gz",
+        "engine_core-pid100": "engine_core-pid100.pt.trace.json.gz",
     }
     assert not (tmp_path / "raw").exists()
-    per_process = json.load(gzip.open(tmp_path / "worker-rank1-pid102.json.gz"))
+    per_process = json.load(gzip.open(tmp_path / "worker-rank1-pid102.pt.trace.json.gz"))
     assert per_process["baseTimeNanoseconds"] == 5_000_002_000  # per-process files are the originals
 
     merged = json.load(gzip.open(tmp_path / "trace.json.gz"))
@@ -82,7 +82,7 @@ def test_size_limit_drops_files_and_says_so(tmp_path):
     core = write_raw(tmp_path, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, 1))
     limit = Path(w0.raw_file).stat().st_size + 10
     result = finalize_capture(tmp_path, [core, w0], max_bytes=limit)
-    assert result.processes["worker-rank0-pid101"].file == "worker-rank0-pid101.json.gz"  # workers are kept first
+    assert result.processes["worker-rank0-pid101"].file == "worker-rank0-pid101.pt.trace.json.gz"  # workers are kept first
     assert "size limit" in result.processes["engine_core-pid100"].error
     assert any("size limit" in p for p in result.problems)
     assert result.trace_file is not None

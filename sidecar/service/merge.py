@@ -95,7 +95,7 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
         except (OSError, ValueError) as exc:
             result.processes[rec.stem] = ProcessOutcome(error=f"unreadable trace: {exc}")
             continue
-        gz_name = rec.stem + ".json.gz"
+        gz_name = rec.stem + ".pt.trace.json.gz"  # the suffix TensorBoard's profiler plugin looks for
         with raw.open("rb") as src, gzip.open(capture_dir / gz_name, "wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
         result.processes[rec.stem] = ProcessOutcome(file=gz_name, bytes=(capture_dir / gz_name).stat().st_size)
