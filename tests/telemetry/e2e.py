@@ -1,0 +1,167 @@
+"""Ready-made pieces for the end-to-end telemetry test against real vLLM (the lead's tests/e2e).
+
+- ``Phoenix``: starts Arize Phoenix (a real OTLP trace backend) on 127.0.0.1 and reads spans back.
+- ``check_request_span_trees``: N requests → N span trees with the right names, links and attributes,
+  and TTFT within ``tolerance_s`` of what the client measured.
+- ``check_request_histograms``: Prometheus histogram counts equal the number of requests.
+
+Use: start Phoenix, start vLLM with OTEL_EXPORTER_OTLP_ENDPOINT=phoenix.otlp_http_endpoint and
+OTEL_BSP_SCHEDULE_DELAY=200, send N requests (some with a W3C traceparent), then
+``check_request_span_trees(phoenix.wait_for_spans(4 * N), ...)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _flatten(attrs: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in attrs.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    start_s: float
+    end_s: float
+    attributes: dict[str, Any]
+
+
+class Phoenix:
+    """Arize Phoenix on loopback ports, its data in ``work_dir``; stop() ends it."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.http_port, self.grpc_port = _free_port(), _free_port()
+        env = {**os.environ, "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(self.http_port),
+               "PHOENIX_GRPC_HOST": "127.0.0.1", "PHOENIX_GRPC_PORT": str(self.grpc_port),
+               "PHOENIX_WORKING_DIR": str(work_dir), "PHOENIX_TELEMETRY_ENABLED": "false"}
+        self._log = open(work_dir / "phoenix.log", "wb")
+        self._proc = subprocess.Popen([sys.executable, "-m", "phoenix.server.main", "serve"], env=env,
+                                      stdout=self._log, stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{self.http_port}"
+        self.otlp_http_endpoint = self.base  # OTEL_EXPORTER_OTLP_ENDPOINT (the SDK appends /v1/traces)
+        self.otlp_grpc_endpoint = f"http://127.0.0.1:{self.grpc_port}"
+
+    def wait_ready(self, timeout_s: float = 60.0) -> "Phoenix":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"phoenix exited with {self._proc.returncode}; see phoenix.log")
+            try:
+                with urllib.request.urlopen(f"{self.base}/healthz", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError("phoenix did not become ready")
+
+    def spans(self, project: str = "default") -> list[Span]:
+        out, cursor = [], None
+        while True:
+            url = f"{self.base}/v1/projects/{project}/spans?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+            with urllib.request.urlopen(url, timeout=10) as response:
+                body = json.load(response)
+            for s in body.get("data", []):
+                out.append(Span(
+                    name=s["name"], trace_id=s["context"]["trace_id"], span_id=s["context"]["span_id"],
+                    parent_id=s.get("parent_id") or None,
+                    start_s=_iso_seconds(s["start_time"]), end_s=_iso_seconds(s["end_time"]),
+                    attributes=_flatten(s.get("attributes") or {})))
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return out
+
+    def wait_for_spans(self, count: int, timeout_s: float = 60.0) -> list[Span]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            spans = self.spans()
+            if len(spans) >= count or time.monotonic() > deadline:
+                return spans
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        self._log.close()
+
+
+def _iso_seconds(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def check_request_span_trees(spans: list[Span], *, n: int, model: str, operation: str = "chat",
+                             client_ttft_s: Mapping[str, float] | None = None, tolerance_s: float = 0.01,
+                             callers: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Span]:
+    """Assert ``n`` request trees; returns the request spans by gen_ai.response.id.
+
+    ``client_ttft_s``: request id → TTFT the client measured (streaming), compared within ``tolerance_s``
+    (pass a few ms plus one engine step). ``callers``: request id → (trace id, span id) of the
+    ``traceparent`` the client sent; that request's span must be its child.
+    """
+    roots = [s for s in spans if s.name == f"{operation} {model}"]
+    assert len(roots) == n, f"{len(roots)} request spans for {n} requests"
+    by_id = {}
+    for root in roots:
+        attrs = root.attributes
+        for key in ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.usage.input_tokens",
+                    "gen_ai.usage.output_tokens", "gen_ai.response.finish_reasons", "gen_ai.response.id"):
+            assert key in attrs, f"{root.name} lacks {key}"
+        assert attrs["gen_ai.operation.name"] == operation and attrs["gen_ai.request.model"] == model
+        children = {s.name: s for s in spans if s.parent_id == root.span_id}
+        assert {"queue", "prefill"} <= set(children), f"children: {sorted(children)}"
+        if attrs["gen_ai.usage.output_tokens"] > 1:
+            assert "decode" in children
+        for child in children.values():
+            assert child.trace_id == root.trace_id
+            assert root.start_s - 1e-6 <= child.start_s <= child.end_s <= root.end_s + 1e-6
+        by_id[attrs["gen_ai.response.id"]] = root
+    assert len(by_id) == n, "request ids are not unique"
+    for request_id, ttft in (client_ttft_s or {}).items():
+        server = by_id[request_id].attributes["gen_ai.response.time_to_first_chunk"]
+        assert abs(server - ttft) <= tolerance_s, f"{request_id}: server TTFT {server:.4f}s, client {ttft:.4f}s"
+    for request_id, (trace_id, span_id) in (callers or {}).items():
+        root = by_id[request_id]
+        assert root.trace_id == trace_id and root.parent_id == span_id, f"{request_id} is not the caller's child"
+    return by_id
+
+
+def check_request_histograms(prometheus_base: str, n: int, successful: int | None = None) -> None:
+    """Histogram counts on a Prometheus that scraped the sidecar equal the requests sent."""
+    def value(expr: str) -> float:
+        url = f"{prometheus_base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            result = json.load(response)["data"]["result"]
+        return float(result[0]["value"][1]) if result else 0.0
+
+    assert value("sum(gen_ai_server_request_duration_seconds_count)") == n
+    assert value("sum(gen_ai_server_time_to_first_token_seconds_count)") == (n if successful is None else successful)
+    assert value("sum(sidecar_requests_total)") == n
