@@ -112,3 +112,25 @@ def test_export_failure_is_reported_not_raised(tmp_path, exporter):
     assert reports.done.wait(10)
     assert reports.messages[-1]["state"] == "failed"
     assert "export failed" in reports.messages[-1]["error"]
+
+
+def test_a_profiler_error_on_the_step_path_never_reaches_the_engine(tmp_path, exporter):
+    from sidecar.probe.probe import Probe
+
+    probe = Probe("worker", 0, endpoint="http://127.0.0.1:9", cuda_available=False)  # never started: no link
+    reports = Reports()
+    capture = StepCapture(CaptureSpec(id="c6", steps=5, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    probe._capture = capture
+    probe.step_begin(True)
+    probe.step_end(True)
+    assert capture.state == "recording"
+
+    def broken_step():
+        raise RuntimeError("kineto exploded")
+
+    capture._prof.step = broken_step
+    probe.step_begin(True)  # must not raise
+    probe.step_end(True)
+    assert probe._capture is None and capture.finished
+    assert reports.messages[-1]["state"] == "failed" and "kineto exploded" in reports.messages[-1]["error"]
+    assert probe.steps == 2

@@ -77,16 +77,27 @@ class Probe:
     def step_begin(self, has_work: bool) -> None:
         capture = self._capture
         if capture is not None:
-            capture.on_step_begin(has_work)
+            try:
+                capture.on_step_begin(has_work)
+            except Exception as exc:  # try costs nothing in 3.11+; a profiler error must not reach the engine
+                self._abandon(capture, exc)
 
     def step_end(self, did_work: bool) -> None:
         if did_work:
             self.steps += 1
         capture = self._capture
         if capture is not None:
-            capture.on_step_end(did_work)
+            try:
+                capture.on_step_end(did_work)
+            except Exception as exc:
+                self._abandon(capture, exc)
             if capture.finished:
                 self._capture = None
+
+    def _abandon(self, capture: StepCapture, exc: Exception) -> None:
+        log.warning("inference-sidecar: capture %s abandoned: %s", capture.spec.id, exc)
+        capture.abandon(f"profiler error on the step path: {exc}")
+        self._capture = None
 
     # -- the link thread ---------------------------------------------------------------------------
     def _on_message(self, msg: dict[str, Any]) -> None:

@@ -122,6 +122,18 @@ class StepCapture:
             self._send(P_FAILED, error=f"no step recorded before the capture ended ({reason})")
         return cancelled
 
+    def abandon(self, error: str) -> None:
+        """Give up after an unexpected error on the step path; report it, leave the engine alone."""
+        with self._lock:
+            self.state = FINISHED
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            try:
+                prof.stop()
+            except Exception:
+                pass
+        self._send(P_FAILED, error=error)
+
     # -- internals ------------------------------------------------------------------------------
     def _start(self) -> None:
         with self._lock:
