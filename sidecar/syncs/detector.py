@@ -150,13 +150,15 @@ class SyncDetector:
             self._record(op, blocked, frame)
 
     def _record(self, op: str, blocked_ns: int, frame) -> None:
-        site = self._locator.locate(frame)
-        if site is None:
+        frame = self._locator.site_frame(frame)
+        if frame is None:
             return  # entirely inside torch or this project
-        key = (site.file, site.line, site.function, op)
+        # The site is described (path, phase) once; later hits cost a dict lookup. The phase is
+        # the one of the first call stack seen at that line.
+        key = (frame.f_code, frame.f_lineno, op)
         stats = self._stats.get(key)
         if stats is None:
-            stats = self._stats[key] = SiteStats(site, op, first_step=self._step)
+            stats = self._stats[key] = SiteStats(self._locator.describe(frame), op, first_step=self._step)
         stats.count += 1
         stats.blocked_ns += blocked_ns
         stats.last_step = self._step

@@ -81,10 +81,17 @@ class SiteLocator:
     def locate(self, frame: Optional[FrameType]) -> Optional[Site]:
         """The site for a call whose innermost Python frame is ``frame``; None if every frame is
         torch's or this project's."""
+        frame = self.site_frame(frame)
+        return None if frame is None else self.describe(frame)
+
+    def site_frame(self, frame: Optional[FrameType]) -> Optional[FrameType]:
+        """The first frame outward from ``frame`` that is neither torch's nor this project's."""
         while frame is not None and self._skipped(frame.f_code.co_filename):
             frame = frame.f_back
-        if frame is None:
-            return None
+        return frame
+
+    def describe(self, frame: FrameType) -> Site:
+        """The site of a frame ``site_frame`` returned (its phase from the whole stack above it)."""
         code = frame.f_code
         return Site(
             file=code.co_filename,
