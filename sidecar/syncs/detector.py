@@ -68,6 +68,7 @@ class SyncDetector:
         self._patches: Optional[PatchSet] = None
         self.thread_id: Optional[int] = None
         self.active = False
+        self.errors = 0  # internal failures, each swallowed so the engine's step goes on
 
     # -- lifecycle (all on the watched thread) ------------------------------------------------------
     def arm(self) -> None:
@@ -122,15 +123,21 @@ class SyncDetector:
         if self._inside or not self.active:
             return func(*args, **kwargs)
         if func in ops.WATCHED:
-            op = ops.classify(func, args, kwargs, self.is_device)
+            try:
+                op = ops.classify(func, args, kwargs, self.is_device)
+            except Exception:  # an argument shape we did not foresee: never break the step
+                self.errors += 1
+                op = None
             if op is not None:
                 return self._timed(op, func, args, kwargs, sys._getframe(1))
         elif self.treat_cpu_as_device and func in ops.FACTORIES:
             out = func(*args, **kwargs)
-            storage = out.untyped_storage()
-            ptr = storage.data_ptr()
-            if ptr:
-                self._host[ptr] = StorageWeakRef(storage)
+            try:
+                storage = out.untyped_storage()
+                if storage.data_ptr():
+                    self._host[storage.data_ptr()] = StorageWeakRef(storage)
+            except Exception:
+                self.errors += 1
             return out
         return func(*args, **kwargs)
 
@@ -147,7 +154,10 @@ class SyncDetector:
         finally:
             blocked = time.perf_counter_ns() - start
             self._inside -= 1
-            self._record(op, blocked, frame)
+            try:
+                self._record(op, blocked, frame)
+            except Exception:
+                self.errors += 1
 
     def _record(self, op: str, blocked_ns: int, frame) -> None:
         frame = self._locator.site_frame(frame)
@@ -171,10 +181,17 @@ class SyncDetector:
             return lambda t, args, kwargs: op if is_device(t) else None
 
         def to_host(t, args, kwargs) -> Optional[str]:
-            device = target_device(args, kwargs)
+            device, given = target_device(args, kwargs)
             if device is None or device.type != "cpu" or not is_device(t) or non_blocking_flag(args, kwargs):
                 return None  # a non-blocking copy to the CPU lands in pinned memory: no wait
-            return "to_cpu"
+            if t.device.type != "cpu":
+                return "to_cpu"
+            # TREAT_CPU_AS_DEVICE: x.to(self.device) is how device-agnostic code stays on its
+            # device, which is the CPU here. Only a target written as a string ("cpu") or a host
+            # tensor asks for the host.
+            if isinstance(given, str) or (isinstance(given, torch.Tensor) and not is_device(given)):
+                return "to_cpu"
+            return None
 
         def numpy_forced(t, args, kwargs) -> Optional[str]:
             force = kwargs.get("force", args[0] if args else False)

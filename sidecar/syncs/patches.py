@@ -91,7 +91,10 @@ class PatchSet:
 
             def tensor_wrapper(tensor, *args, **kwargs):
                 if patch_set.enabled and get_ident() == thread_id:
-                    op = decide(tensor, args, kwargs)
+                    try:
+                        op = decide(tensor, args, kwargs)
+                    except Exception:  # arguments the original will reject: let it say so
+                        op = None
                     if op is not None:
                         return on_sync(op, original, (tensor, *args), kwargs)
                 return original(tensor, *args, **kwargs)
@@ -113,21 +116,22 @@ class PatchSet:
         return wrapper
 
 
-def target_device(args: tuple, kwargs: dict) -> Optional[torch.device]:
-    """The device a ``Tensor.to(...)`` call moves to, or None when it only changes the dtype."""
-    device = kwargs.get("device")
-    if device is None:
+def target_device(args: tuple, kwargs: dict) -> tuple[Optional[torch.device], Any]:
+    """The device a ``Tensor.to(...)`` call moves to (None when it only changes the dtype), and the
+    argument that named it (a str, a torch.device, a tensor or a device index)."""
+    given = kwargs.get("device")
+    if given is None:
         for a in args:
-            if isinstance(a, (str, torch.device)):
-                device = a
+            if isinstance(a, (str, torch.device, torch.Tensor)) or (isinstance(a, int) and not isinstance(a, bool)):
+                given = a
                 break
-            if isinstance(a, torch.Tensor):
-                device = a.device
-                break
-            if isinstance(a, int) and not isinstance(a, bool):
-                device = torch.device("cuda", a)
-                break
-    return None if device is None else torch.device(device)
+    if given is None:
+        return None, None
+    if isinstance(given, torch.Tensor):
+        return given.device, given
+    if isinstance(given, int):
+        return torch.device("cuda", given), given
+    return torch.device(given), given
 
 
 def non_blocking_flag(args: tuple, kwargs: dict) -> bool:

@@ -28,9 +28,12 @@ class PhaseRule:
     functions: frozenset[str] = frozenset()
 
     def matches(self, code: CodeType) -> bool:
-        if self.path_part and self.path_part not in code.co_filename.replace(os.sep, "/"):
+        return self.matches_location(code.co_filename, code.co_name)
+
+    def matches_location(self, filename: str, function: str) -> bool:
+        if self.path_part and self.path_part not in filename.replace(os.sep, "/"):
             return False
-        return not self.functions or code.co_name in self.functions
+        return not self.functions or function in self.functions
 
 
 # vLLM V1 (checked on 0.32). Sampling before forward: the sampler runs inside execute_model too.

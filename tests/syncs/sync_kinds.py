@@ -51,7 +51,12 @@ def to_cpu(x):
 
 
 def to_cpu_keyword(x):
-    return x.to(device=torch.device("cpu"), dtype=torch.float64)  # sync: to_cpu
+    return x.to(device="cpu", dtype=torch.float64)  # sync: to_cpu
+
+
+def to_host_tensor(x):
+    host = torch.zeros(1, dtype=torch.float64)
+    return x.to(host)  # sync: to_cpu
 
 
 def tolist(x):
@@ -148,6 +153,7 @@ def no_sync(x):
     y = y[torch.tensor([0, 2])] * 2  # integer indexing
     y = y.to(torch.float64).float()  # dtype only
     _ = x.to("cpu", non_blocking=True)  # lands in pinned memory on a GPU: no wait
+    _ = x.to(x.device), x.to(y), x.to(device=y.device)  # device-agnostic code stays on the device
     _ = torch.repeat_interleave(x, (x[:, 0] > 0).long() + 1, dim=0, output_size=6)
     host = torch.zeros(4)  # a host buffer: reading it is no sync
     host += 1

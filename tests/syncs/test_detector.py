@@ -183,3 +183,15 @@ def test_phase_comes_from_the_rule_table():
     locator = SiteLocator(phase_rules=rules[:1])
     assert [s.site.phase for s in scan(sample_like, locator=locator)] == ["sampling"]
     assert [s.site.phase for s in scan(sample_like, locator=SiteLocator(phase_rules=()))] == ["other"]
+
+
+def test_bad_calls_still_raise_their_own_errors_and_are_not_counted():
+    x = sync_kinds._x()
+
+    def step():
+        with pytest.raises(TypeError):
+            x.to(object())
+        with pytest.raises(RuntimeError):
+            torch.zeros(3).copy_(torch.zeros(4))
+
+    assert scan(step) == []
