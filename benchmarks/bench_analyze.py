@@ -1,8 +1,9 @@
 """Benchmark: ``sidecar analyze`` against Holistic Trace Analysis on the same traces.
 
 Each tool runs in a subprocess of its own, so that its wall time includes starting Python and its
-imports (what a user waits for) and its peak RSS is its own: ``os.wait4`` returns the resource
-usage of exactly that child. HTA does what the issue compares against: load the trace and produce
+imports (what a user waits for) and its peak memory is its own. Peak memory is the child's own
+VmHWM (read from /proc/self/status as it exits), not ``ru_maxrss``: Linux carries the peak RSS of
+the forking parent over into a child's ``ru_maxrss`` across exec, which would inflate small figures. HTA does what the issue compares against: load the trace and produce
 its GPU kernel breakdown. The sidecar produces its whole summary (``--json``), which is more.
 
 Runs alternate between the tools and the best wall time of ``--repeats`` runs is kept, because a
@@ -33,6 +34,23 @@ DEFAULT_NAMES = (LARGEST, "a100-train-step.json.gz", "a100-nccl-multistream.json
 TARGET_SPEEDUP = 10.0
 TARGET_MEMORY_RATIO = 0.25
 
+# Runs first in each measured process: writes the process's peak RSS (KiB) to a file at exit.
+_PEAK_PRELUDE = """
+import atexit, os, re
+def _peak():
+    with open('/proc/self/status') as fh:
+        kib = re.search(r'VmHWM:\\s+(\\d+)', fh.read()).group(1)
+    with open(os.environ['BENCH_PEAK_FILE'], 'w') as out:
+        out.write(kib)
+atexit.register(_peak)
+"""
+
+_SIDECAR_SCRIPT = """
+import runpy, sys
+sys.argv = ["sidecar", "analyze", sys.argv[1], "--json"]
+runpy.run_module("sidecar.cli", run_name="__main__", alter_sys=True)
+"""
+
 _HTA_SCRIPT = """
 import logging, sys, warnings
 warnings.filterwarnings("ignore")
@@ -44,27 +62,30 @@ print(len(kernels))
 """
 
 
-def _run(cmd: Sequence[str]) -> tuple[float, float]:
+def _run(cmd: Sequence[str], work: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one child process."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "plugins"), os.environ.get("PYTHONPATH", "")]))
+    peak_file = work / "peak.kib"
+    peak_file.unlink(missing_ok=True)
+    env = dict(
+        os.environ,
+        BENCH_PEAK_FILE=str(peak_file),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "plugins"), os.environ.get("PYTHONPATH", "")]),
+    )
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    _pid, status, usage = os.wait4(proc.pid, 0)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     wall = time.perf_counter() - start
-    stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stderr[-2000:]}")
-    return wall, usage.ru_maxrss / 1024.0  # Linux reports KiB
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr.decode('utf-8', 'replace')[-2000:]}")
+    return wall, int(peak_file.read_text()) / 1024.0
 
 
 def sidecar_cmd(trace: Path) -> list[str]:
-    return [sys.executable, "-m", "sidecar.cli", "analyze", str(trace), "--json"]
+    """``sidecar analyze TRACE --json``, as the console script runs it."""
+    return [sys.executable, "-c", _PEAK_PRELUDE + _SIDECAR_SCRIPT, str(trace)]
 
 
 def hta_cmd(trace_dir: Path) -> list[str]:
-    return [sys.executable, "-c", _HTA_SCRIPT, str(trace_dir)]
+    return [sys.executable, "-c", _PEAK_PRELUDE + _HTA_SCRIPT, str(trace_dir)]
 
 
 def json_size(trace: Path) -> int:
@@ -96,8 +117,8 @@ def measure(label: str, trace: Path, repeats: int, work: Path) -> dict:
         link.symlink_to(trace.resolve())
     ours, theirs = [], []
     for _ in range(repeats):
-        ours.append(_run(sidecar_cmd(trace)))
-        theirs.append(_run(hta_cmd(hta_dir)))
+        ours.append(_run(sidecar_cmd(trace), work))
+        theirs.append(_run(hta_cmd(hta_dir), work))
     ours_s, hta_s = min(w for w, _ in ours), min(w for w, _ in theirs)
     ours_mb, hta_mb = max(m for _, m in ours), max(m for _, m in theirs)
     return {

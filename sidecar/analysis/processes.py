@@ -23,6 +23,7 @@ from .events import STEP_PREFIX, Kind
 from .nesting import ThreadTree, build_tree
 
 _RANK_IN_LABEL = re.compile(r"\brank\s*(\d+)", re.IGNORECASE)
+_PID_IN_LABEL = re.compile(r"\bpid\s*(\d+)")
 
 
 @dataclass
@@ -170,6 +171,7 @@ def _assign_gpu(data: TraceData, views: dict[Pid, ProcessView]) -> None:
         if found is not None and not isinstance(found, list):
             track_votes[gpu.track[i]][found[0]] += 1
     track_owner = {track: votes.most_common(1)[0][0] for track, votes in track_votes.items()}
+    track_owner.update(_owners_by_label(data, views))
     single_host = next(iter(views)) if len(views) == 1 else None
     for i, found in enumerate(owner):
         if isinstance(found, list):  # a correlation id repeated across processes
@@ -195,6 +197,20 @@ def _assign_gpu(data: TraceData, views: dict[Pid, ProcessView]) -> None:
         view.launch_tid.append(tid)
         view.launch_index.append(index)
         view.launch_ts.append(issued)
+
+
+def _owners_by_label(data: TraceData, views: dict[Pid, ProcessView]) -> dict[int, Pid]:
+    """GPU tracks whose process_name names their host process, as the sidecar's merged traces do
+    ("worker rank 1 (pid 4321) device 0"). This settles ownership even when every correlation id
+    is repeated across processes (tensor-parallel workers run the same launches in lockstep)."""
+    owners: dict[int, Pid] = {}
+    for track, track_pid in enumerate(data.tracks):
+        match = _PID_IN_LABEL.search(data.process_names.get(track_pid, ""))
+        if match and track_pid not in views:
+            pid = int(match.group(1))
+            if pid in views:
+                owners[track] = pid
+    return owners
 
 
 def _launches_by_correlation(data: TraceData) -> dict[int, object]:

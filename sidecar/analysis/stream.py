@@ -74,12 +74,12 @@ class _Buffer:
         where = self.base + (self.pos if at is None else at)
         return TraceFormatError(self.path, f"{problem} (at byte {where} of the JSON text)")
 
-    def more(self, want: int = SLICE_BYTES) -> bool:
+    def more(self, want: Optional[int] = None) -> bool:
         """Append up to ``want`` more bytes, dropping what was consumed. False at end of input."""
         if self.eof:
             return False
         try:
-            chunk = self._f.read(want)
+            chunk = self._f.read(want or SLICE_BYTES)
         except EOFError:
             raise self.error("truncated: the gzip stream ends early", len(self.buf)) from None
         except (OSError, zlib.error) as exc:
@@ -239,7 +239,8 @@ def _fast_slice(buf: _Buffer, decoder: msgspec.json.Decoder, top: TopLevel) -> O
         except msgspec.DecodeError as exc:
             m = _ERROR_BYTE.search(str(exc))
             # The error lies at or after this position, so only an earlier candidate can work.
-            limit = start + (int(m.group(1)) - 1 if m else cut - start)
+            error_at = start + (int(m.group(1)) - 1 if m else cut - start)
+            limit = min(error_at, cut - 1)  # always an earlier candidate: the search must shrink
             continue
         if batch is None:
             return None
