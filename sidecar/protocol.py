@@ -5,9 +5,10 @@ Kept in one place so both ends agree; every message is a dict with a ``type``.
 probe → sidecar
   hello      {role, rank, pid, host, cuda, step_driven, engine, torch}
   heartbeat  {steps}                      total forward steps so far
-  capture    {capture_id, state, steps_recorded, file, bytes, error}
+  capture    {capture_id, state, steps_recorded, steps_seen, first_step, file, bytes, error}
 sidecar → probe
-  arm        {capture: CaptureSpec}
+  arm        {capture: CaptureSpec}       probes answer state=armed with steps_seen (their step count)
+  begin      {capture_id, start_step}     record from this working step on, the same in every process
   stop       {capture_id, reason}         end early, keeping what was recorded
 """
 
@@ -27,6 +28,7 @@ ROLE_WORKER = "worker"
 ROLES = (ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER)
 
 # Per-process capture states reported by a probe.
+P_ARMED = "armed"
 P_CAPTURING = "capturing"
 P_EXPORTING = "exporting"
 P_DONE = "done"

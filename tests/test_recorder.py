@@ -37,11 +37,23 @@ def work():
     return (x @ x).sum()
 
 
-def step(capture, has_work=True):
-    capture.on_step_begin(has_work)
+class Counter:
+    """The probe's count of working steps, which on_step_begin receives as the step index."""
+
+    steps = 0
+
+
+def step(capture, has_work=True, counter=Counter):
+    capture.on_step_begin(has_work, counter.steps)
     if has_work:
         work()
+        counter.steps += 1
     capture.on_step_end(has_work)
+
+
+@pytest.fixture(autouse=True)
+def reset_counter():
+    Counter.steps = 0
 
 
 def profiler_steps(path):
@@ -53,29 +65,38 @@ def test_records_exactly_n_working_steps_and_skips_empty_ones(tmp_path, exporter
     reports = Reports()
     spec = CaptureSpec(id="c1", steps=3, out_dir=str(tmp_path))
     capture = StepCapture(spec, str(tmp_path / "w.json"), reports, exporter)
-    step(capture, has_work=False)  # an idle step before anything: does not start the capture
+    step(capture)  # armed but not begun: the sidecar has not chosen the start step yet
+    assert capture.state == "armed"
+    capture.begin(1)
+    step(capture, has_work=False)  # an idle step: does not start the capture
     assert capture.state == "armed"
     for has_work in (True, False, True, False, True, True, True):
         step(capture, has_work)
     assert reports.done.wait(10)
     assert reports.states == ["capturing", "exporting", "done"]
     assert reports.messages[-1]["steps_recorded"] == 3
+    assert reports.messages[-1]["first_step"] == 1
     assert profiler_steps(tmp_path / "w.json") == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
     assert capture.finished
 
 
-def test_delay_skips_working_steps_first(tmp_path, exporter):
+def test_starts_at_the_common_start_step_or_the_next_if_it_passed(tmp_path, exporter):
     reports = Reports()
-    spec = CaptureSpec(id="c2", steps=2, delay=3, out_dir=str(tmp_path))
-    capture = StepCapture(spec, str(tmp_path / "w.json"), reports, exporter)
+    capture = StepCapture(CaptureSpec(id="c2", steps=2, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    capture.begin(3)
     for _ in range(3):
         step(capture)
         assert capture.state == "armed"
     step(capture)
-    assert capture.state == "recording"
+    assert capture.state == "recording" and capture.first_step == 3
     step(capture)
     assert reports.done.wait(10)
     assert len(profiler_steps(tmp_path / "w.json")) == 2
+
+    late = StepCapture(CaptureSpec(id="c2b", steps=1, out_dir=str(tmp_path)), str(tmp_path / "l.json"), Reports(), exporter)
+    late.begin(1)  # step 1 already passed in this process (counter is at 5)
+    step(late)
+    assert late.first_step == 5
 
 
 def test_stop_before_start_fails_without_touching_the_profiler(tmp_path, exporter):
@@ -91,6 +112,7 @@ def test_stop_before_start_fails_without_touching_the_profiler(tmp_path, exporte
 def test_stop_while_recording_keeps_what_was_recorded(tmp_path, exporter):
     reports = Reports()
     capture = StepCapture(CaptureSpec(id="c4", steps=10, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    capture.begin(0)
     step(capture)
     step(capture)
     assert capture.request_stop("stopped by request") is False  # only the step thread may stop torch
@@ -108,6 +130,7 @@ def test_export_failure_is_reported_not_raised(tmp_path, exporter):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     capture = StepCapture(CaptureSpec(id="c5", steps=1, out_dir=str(blocker)), str(blocker / "w.json"), reports, exporter)
+    capture.begin(0)
     step(capture)
     assert reports.done.wait(10)
     assert reports.messages[-1]["state"] == "failed"
@@ -121,6 +144,7 @@ def test_a_profiler_error_on_the_step_path_never_reaches_the_engine(tmp_path, ex
     reports = Reports()
     capture = StepCapture(CaptureSpec(id="c6", steps=5, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
     probe._capture = capture
+    capture.begin(0)
     probe.step_begin(True)
     probe.step_end(True)
     assert capture.state == "recording"

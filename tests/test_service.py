@@ -86,6 +86,9 @@ async def test_capture_across_processes_merges_one_timeline(sidecar, engines):
     assert {p["role"]: p["state"] for p in status["processes"]} == {
         "api_server": "done", "engine_core": "done", "worker": "done"}
     assert all(p["steps_recorded"] == 3 for p in status["processes"] if p["role"] != "api_server")
+    # One common start step, ahead of every process's count when armed.
+    assert status["start_step"] is not None and status["notes"] == []
+    assert {p["first_step"] for p in status["processes"] if p["role"] != "api_server"} == {status["start_step"]}
 
     trace = await client.get(status["trace"])
     assert trace.status == 200

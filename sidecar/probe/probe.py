@@ -78,7 +78,7 @@ class Probe:
         capture = self._capture
         if capture is not None:
             try:
-                capture.on_step_begin(has_work)
+                capture.on_step_begin(has_work, self.steps)
             except Exception as exc:  # try costs nothing in 3.11+; a profiler error must not reach the engine
                 self._abandon(capture, exc)
 
@@ -104,6 +104,10 @@ class Probe:
         kind = msg.get("type")
         if kind == "arm":
             self._arm(CaptureSpec.from_dict(msg["capture"]))
+        elif kind == "begin":
+            capture = self._capture
+            if capture is not None and capture.spec.id == msg.get("capture_id"):
+                capture.begin(int(msg["start_step"]))
         elif kind == "stop":
             capture = self._capture
             if capture is not None and capture.spec.id == msg.get("capture_id"):
@@ -118,10 +122,13 @@ class Probe:
         path = os.path.join(spec.out_dir, self.identity.file_stem + ".json")
         if self.identity.step_driven:
             self._capture = StepCapture(spec, path, self._link.send, self._exporter, self.identity.cuda)
+            # The sidecar picks one start step for every process from these counts.
+            self._link.send({"type": "capture", "capture_id": spec.id, "state": "armed",
+                             "steps_recorded": 0, "steps_seen": self.steps})
         elif self._loop is not None:
             capture = WindowCapture(spec, path, self._link.send, self._exporter, self._loop, self.identity.cuda)
             self._capture = capture
-            capture.begin()
+            capture.start_window()
         else:
             self._link.send({"type": "capture", "capture_id": spec.id, "state": "failed",
                              "steps_recorded": 0, "error": "no event loop known in this process yet"})

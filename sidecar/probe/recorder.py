@@ -5,7 +5,11 @@ from another thread crashes the process), so every transition of a step-driven c
 engine's step thread, inside ``on_step_begin`` / ``on_step_end``. Other threads only *request*
 (``request_stop``); an armed capture that never started can be cancelled from anywhere.
 
-Steps with no work (an engine step with nothing scheduled) are not counted. Each counted step is
+Steps with no work (an engine step with nothing scheduled) are not counted. Every process of an
+engine counts the same working steps, so the sidecar aligns a capture across processes by giving each
+the same start step (``begin(start_step)``), chosen ahead of every process's current count.
+
+Each counted step is
 one ``ProfilerStep#<n>`` annotation, torch.profiler's own: ``start()`` opens #0 at the beginning of
 the first counted step, ``step()`` at the beginning of each later counted step opens the next one,
 and ``stop()`` at the end of the N-th counted step closes the last. Idle time between counted steps
@@ -71,29 +75,29 @@ class StepCapture:
         self._lock = threading.Lock()  # uncontended except when a stop/cancel races a step
         self.state = ARMED
         self._prof = None
-        self._to_skip = spec.delay
+        self.start_step: int | None = None  # set by begin(); None: armed, waiting for the sidecar
+        self.first_step: int | None = None  # the step index recording actually started at
         self._recorded = 0
         self._last_counted = False  # did the previous step count? then this working step opens a new ProfilerStep
         self._stop_reason: str | None = None
         self._started_at = 0.0
 
     # -- called on the step thread -------------------------------------------------------------
-    def on_step_begin(self, has_work: bool) -> None:
+    def on_step_begin(self, has_work: bool, index: int) -> None:
+        """``index``: working steps this process completed before this one (its step number)."""
         if self._stop_reason is not None:
             self._finish_on_step_thread()
             return
         if self.state == ARMED:
-            if has_work and self._to_skip == 0:
+            start = self.start_step
+            if has_work and start is not None and index >= start:
+                self.first_step = index
                 self._start()
         elif self.state == RECORDING and has_work and self._last_counted:
             self._prof.step()
             self._last_counted = False
 
     def on_step_end(self, did_work: bool) -> None:
-        if self.state == ARMED:
-            if did_work and self._to_skip > 0:
-                self._to_skip -= 1
-            return
         if self.state != RECORDING:
             return
         if did_work:
@@ -107,6 +111,10 @@ class StepCapture:
         return self.state == FINISHED
 
     # -- called from any thread -------------------------------------------------------------------
+    def begin(self, start_step: int) -> None:
+        """Record from working step ``start_step`` on (or from the next one, if it has passed)."""
+        self.start_step = start_step
+
     def request_stop(self, reason: str) -> bool:
         """Ask the capture to end early. Returns True if it ended now (it had not started)."""
         with self._lock:
@@ -188,6 +196,8 @@ class StepCapture:
             "steps_recorded": self._recorded,
             **fields,
         }
+        if self.first_step is not None:
+            msg["first_step"] = self.first_step
         if self._stop_reason is not None:
             msg["stop_reason"] = self._stop_reason
         self._report(msg)
@@ -205,7 +215,7 @@ class WindowCapture(StepCapture):
         super().__init__(spec, trace_path, report, exporter, cuda_available)
         self._loop = loop
 
-    def begin(self) -> None:
+    def start_window(self) -> None:
         self._loop.call_soon_threadsafe(self._start)
 
     def request_stop(self, reason: str) -> bool:

@@ -16,6 +16,7 @@ from aiohttp import WSMsgType, web
 from .. import __version__, auth
 from ..protocol import PROBE_WS_PATH, ProcessIdentity
 from . import merge
+from .metrics_receiver import CAPTURE_METRICS, add_metrics_routes
 from .captures import FINAL_STATES, CaptureBusy, CaptureManager, NoProbes
 from .params import ParamError, parse_capture_request
 from .registry import ProbeRegistry
@@ -51,7 +52,8 @@ def json_error(status: int, error: str, message: str, **extra: Any) -> web.Respo
 async def errors_and_auth(request: web.Request, handler):
     settings = request.app[SETTINGS]
     token = settings.http_token
-    if token and request.path not in ("/healthz", PROBE_WS_PATH):
+    # The probe channel and the metrics push carry the probe token, checked by their handlers.
+    if token and request.path not in ("/healthz", PROBE_WS_PATH, "/v1/metrics"):
         if not auth.bearer_matches(request.headers.get("Authorization"), token):
             return json_error(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
     try:
@@ -204,9 +206,8 @@ async def probe_ws(request: web.Request) -> web.StreamResponse:
                 data = json.loads(msg.data)
             except json.JSONDecodeError:
                 continue
-            conn.last_seen = time.time()
             if data.get("type") == "heartbeat":
-                conn.steps = int(data.get("steps") or 0)
+                conn.observe_steps(int(data.get("steps") or 0), time.time())
             elif data.get("type") == "capture":
                 await manager.on_probe_report(conn, data)
     finally:
@@ -225,8 +226,13 @@ def make_app(settings: ServiceSettings) -> web.Application:
 
     async def lifecycle(app: web.Application):
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sidecar-export", initializer=merge.lower_priority)
-        app[CAPTURES] = CaptureManager(app[REGISTRY], settings.trace_dir, executor, settings.max_capture_bytes,
-                                        settings.keep, settings.stop_grace_s)
+        metrics = app[CAPTURE_METRICS]
+        app[CAPTURES] = CaptureManager(
+            app[REGISTRY], settings.trace_dir, executor, settings.max_capture_bytes, settings.keep,
+            settings.stop_grace_s,
+            on_finished=lambda c: metrics.observe(c.state, sum(p.steps_recorded for p in c.processes),
+                                                  c.trace_bytes, (c.finished_at or c.created_at) - c.created_at),
+        )
         yield
         await app[CAPTURES].close()
         for ws in [c.ws for c in app[REGISTRY].all()]:
@@ -235,4 +241,6 @@ def make_app(settings: ServiceSettings) -> web.Application:
 
     app.cleanup_ctx.append(lifecycle)
     app.add_routes(routes)
+    # One Prometheus target for every engine process: probes push OTLP metrics, /metrics serves them.
+    add_metrics_routes(app, push_token=settings.probe_token)
     return app

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import shutil
 import time
@@ -22,9 +23,9 @@ from collections import OrderedDict
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from ..protocol import P_CAPTURING, P_DONE, P_EXPORTING, P_FAILED, CaptureSpec
+from ..protocol import P_ARMED, P_CAPTURING, P_DONE, P_EXPORTING, P_FAILED, CaptureSpec
 from . import merge
 from .params import CaptureRequest
 from .registry import ProbeConnection, ProbeRegistry
@@ -33,9 +34,11 @@ log = logging.getLogger(__name__)
 
 ARMED, CAPTURING, EXPORTING, DONE, PARTIAL, FAILED = "armed", "capturing", "exporting", "done", "partial", "failed"
 FINAL_STATES = (DONE, PARTIAL, FAILED)
-P_ARMED, P_LOST = "armed", "lost"  # per-process states the sidecar adds
+P_LOST = "lost"  # a per-process state only the sidecar gives
 P_TERMINAL = (P_DONE, P_FAILED, P_LOST)
 STOP_GRACE_S = 10.0  # after a stop request, how long to wait for processes to report
+ARM_REPLY_S = 3.0  # how long to wait for every probe to answer "arm" with its step count
+BEGIN_LEAD_S = 0.25  # the common start step lies this far ahead at the fastest observed step rate
 
 
 class CaptureBusy(Exception):
@@ -59,6 +62,8 @@ class ProcessRecord:
     step_driven: bool
     state: str = P_ARMED
     steps_recorded: int = 0
+    steps_seen: int | None = None  # the process's step count when it was armed
+    first_step: int | None = None
     raw_file: str | None = None
     file: str | None = None
     bytes: int = 0
@@ -67,7 +72,7 @@ class ProcessRecord:
     def to_json(self) -> dict[str, Any]:
         return {
             "role": self.role, "pid": self.pid, "rank": self.rank, "label": self.label,
-            "state": self.state, "steps_recorded": self.steps_recorded,
+            "state": self.state, "steps_recorded": self.steps_recorded, "first_step": self.first_step,
             "file": self.file, "bytes": self.bytes, "error": self.error,
         }
 
@@ -88,6 +93,9 @@ class Capture:
     summary_file: str | None = None
     stop_reason: str | None = None
     window_stop_sent: bool = False
+    start_step: int | None = None
+    notes: list[str] = field(default_factory=list)
+    armed_event: asyncio.Event = field(default_factory=asyncio.Event)
     done_event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -112,7 +120,9 @@ class Capture:
             "id": self.id,
             "state": self.state,
             "reason": self.reason,
+            "notes": self.notes,
             "steps": r.steps,
+            "start_step": self.start_step,
             "delay": r.delay,
             "created_at": self.created_at,
             "finished_at": self.finished_at,
@@ -145,7 +155,9 @@ class CaptureManager:
         max_capture_bytes: int,
         keep: int,
         stop_grace_s: float = STOP_GRACE_S,
+        on_finished: Callable[[Capture], None] | None = None,
     ) -> None:
+        self._on_finished = on_finished
         self._stop_grace_s = stop_grace_s
         self._registry = registry
         self._trace_dir = trace_dir
@@ -203,8 +215,31 @@ class CaptureManager:
             if not await rec.conn.send(arm):
                 rec.state, rec.error = P_LOST, "probe unreachable when arming"
         self._spawn(self._watch_timeout(capture))
+        self._spawn(self._begin_when_armed(capture))
         await self._maybe_progress(capture)
         return capture
+
+    async def _begin_when_armed(self, capture: Capture) -> None:
+        """Second phase of arming: one start step for every process, ahead of all their counts."""
+        try:
+            await asyncio.wait_for(capture.armed_event.wait(), ARM_REPLY_S)
+        except asyncio.TimeoutError:
+            pass
+        if capture is not self._active or capture.stop_reason is not None:
+            return
+        replied = [p for p in capture.processes if p.step_driven and p.steps_seen is not None and p.state == P_ARMED]
+        for rec in capture.processes:
+            if rec.step_driven and rec.state == P_ARMED and rec.steps_seen is None:
+                rec.state, rec.error = P_LOST, f"did not answer 'arm' within {ARM_REPLY_S:g} s"
+        if replied:
+            rate = max(p.conn.step_rate for p in replied)
+            lead = 2 + math.ceil(rate * BEGIN_LEAD_S)
+            capture.start_step = max(p.steps_seen for p in replied) + lead + capture.request.delay
+            begin = {"type": "begin", "capture_id": capture.id, "start_step": capture.start_step}
+            for rec in replied:
+                if not await rec.conn.send(begin):
+                    rec.state, rec.error = P_LOST, "probe unreachable when beginning"
+        await self._maybe_progress(capture)
 
     async def stop(self, reason: str = "stopped by request") -> Capture | None:
         capture = self._active
@@ -234,8 +269,17 @@ class CaptureManager:
             return
         rec.steps_recorded = int(msg.get("steps_recorded") or 0)
         state = msg.get("state")
-        if state == P_CAPTURING:
+        if state == P_ARMED and rec.step_driven:
+            rec.steps_seen = int(msg.get("steps_seen") or 0)
+            if all(p.steps_seen is not None or p.state in P_TERMINAL for p in capture.processes if p.step_driven):
+                capture.armed_event.set()
+        elif state == P_CAPTURING:
             rec.state = P_CAPTURING
+            rec.first_step = msg.get("first_step")
+            if rec.step_driven and capture.start_step is not None and rec.first_step != capture.start_step:
+                capture.notes.append(
+                    f"{rec.label} started at step {rec.first_step}, not {capture.start_step}: "
+                    "the begin message reached it late, so its steps differ from the others'")
             if capture.state == ARMED:
                 capture.state = CAPTURING
         elif state == P_EXPORTING:
@@ -314,6 +358,8 @@ class CaptureManager:
         capture.finished_at = time.time()
         capture.done_event.set()
         self._save(capture)
+        if self._on_finished is not None:
+            self._on_finished(capture)
         self._apply_retention()
 
     @staticmethod

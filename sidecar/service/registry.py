@@ -24,6 +24,13 @@ class ProbeConnection:
     connected_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
     steps: int = 0
+    step_rate: float = 0.0  # working steps per second, from the last two heartbeats
+
+    def observe_steps(self, steps: int, now: float) -> None:
+        elapsed = now - self.last_seen
+        if elapsed > 0.5 and steps >= self.steps:
+            self.step_rate = (steps - self.steps) / elapsed
+        self.steps, self.last_seen = steps, now
 
     async def send(self, msg: dict[str, Any]) -> bool:
         try:
@@ -44,6 +51,7 @@ class ProbeConnection:
             "cuda": ident.cuda,
             "engine": ident.engine,
             "last_step": self.steps,
+            "step_rate": round(self.step_rate, 1),
             "connected_at": self.connected_at,
             "last_seen": self.last_seen,
         }
