@@ -55,8 +55,6 @@ class Kind(IntEnum):
     MEMSET = 12
 
 
-HOST_KINDS = (Kind.OP, Kind.ANNOTATION, Kind.PYTHON, Kind.RUNTIME)
-
 # Category names, lower-cased. Old PyTorch versions wrote "Operator", "Runtime", "Kernel", "Memcpy".
 CATEGORY_KIND: dict[str, Kind] = {
     "cpu_op": Kind.OP,

@@ -50,16 +50,6 @@ def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
     return out
 
 
-def clip(intervals: Sequence[Interval], lo: float, hi: float) -> list[Interval]:
-    """The parts of a union inside [lo, hi]."""
-    out = []
-    for start, end in intervals:
-        if end <= lo or start >= hi:
-            continue
-        out.append((max(start, lo), min(end, hi)))
-    return out
-
-
 def covered(intervals: Sequence[Interval], starts: Sequence[float], lo: float, hi: float) -> float:
     """How much of [lo, hi] a union covers; ``starts`` is ``[s for s, _ in intervals]``. Bisects
     to the first candidate, so many queries on a long union stay cheap."""

@@ -99,7 +99,7 @@ def gpu_stats(view: ProcessView, window: tuple[float, float]) -> GpuStats:
             stat.nbytes += nbytes[i]
     stats = GpuStats(copies=dict(copies))
     for nid, stat in by_name.items():
-        stats.kernels[names[nid]] = stat  # distinct ids may share a name only if names repeat
+        stats.kernels[names[nid]] = stat  # names are interned: one id per distinct name
     stats.kernel_count = sum(s.count for s in by_name.values())
     stats.kernel_time = sum(s.total for s in by_name.values())
     per_device: dict[int, list[intervals.Interval]] = defaultdict(list)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from . import collectives, cpu, gaps, intervals, kernels, launches, steps, syncs
 from .collect import Collector, TraceData

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from . import intervals
 from .events import Kind, api_base_name, is_pageable_dtoh, memcpy_direction
-from .kernels import ratio, us
+from .kernels import us
 from .processes import ProcessView
 
 SYNC_CALLS = frozenset(
@@ -173,10 +173,6 @@ def summarize(findings: Sequence[SyncFinding], top_sites: int = 5) -> list[dict]
         )
     out.sort(key=lambda entry: (-entry["total_us"], entry["name"]))
     return out
-
-
-def blocked_fraction(findings: Sequence[SyncFinding], window: tuple[float, float]) -> float:
-    return ratio(sum(f.dur for f in findings), window[1] - window[0])
 
 
 def _copy_names(view: ProcessView) -> dict[int, str]:
