@@ -19,6 +19,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=None)
     parser.add_argument("--steps-then-idle", type=int, default=None, help="take N working steps, then none")
     parser.add_argument("--step-ms", type=float, default=2.0)
+    parser.add_argument("--planted-sync", action="store_true", help="an .item() in every step (PLANTED_LINE)")
     args = parser.parse_args()
     x = torch.randn(32, 32)
     if args.role == "api_server":
@@ -38,7 +39,9 @@ def main() -> None:
         has_work = args.steps_then_idle is None or taken < args.steps_then_idle
         probe.step_begin(has_work)
         if has_work:
-            (x @ x).sum()
+            total = (x @ x).sum()
+            if args.planted_sync:
+                total.item()  # PLANTED_LINE
             taken += 1
         probe.step_end(has_work)
         time.sleep(args.step_ms / 1000 if has_work else 0.05)

@@ -50,6 +50,7 @@ class Probe:
         )
         self.steps = 0  # forward steps since start (steps with work)
         self._capture: StepCapture | None = None
+        self._scan = None  # a sidecar.syncs.SyncScan while a hidden-sync scan runs
         self._loop = loop  # asyncio loop for window captures (API server)
         self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-sidecar-export")
         self._link = SidecarLink(
@@ -81,6 +82,9 @@ class Probe:
                 capture.on_step_begin(has_work, self.steps)
             except Exception as exc:  # try costs nothing in 3.11+; a profiler error must not reach the engine
                 self._abandon(capture, exc)
+        scan = self._scan
+        if scan is not None:
+            scan.on_step_begin(has_work)  # SyncScan contains its own errors
 
     def step_end(self, did_work: bool) -> None:
         if did_work:
@@ -93,6 +97,11 @@ class Probe:
                 self._abandon(capture, exc)
             if capture.finished:
                 self._capture = None
+        scan = self._scan
+        if scan is not None:
+            scan.on_step_end(did_work)
+            if scan.finished:
+                self._scan = None
 
     def _abandon(self, capture: StepCapture, exc: Exception) -> None:
         log.warning("inference-sidecar: capture %s abandoned: %s", capture.spec.id, exc)
@@ -108,6 +117,12 @@ class Probe:
             capture = self._capture
             if capture is not None and capture.spec.id == msg.get("capture_id"):
                 capture.begin(int(msg["start_step"]))
+        elif kind == "sync_arm":
+            self._arm_scan(msg["scan"])
+        elif kind == "sync_stop":
+            scan = self._scan
+            if scan is not None and scan.spec.id == msg.get("scan_id"):
+                scan.request_stop(str(msg.get("reason") or "stopped"))
         elif kind == "stop":
             capture = self._capture
             if capture is not None and capture.spec.id == msg.get("capture_id"):
@@ -133,10 +148,28 @@ class Probe:
             self._link.send({"type": "capture", "capture_id": spec.id, "state": "failed",
                              "steps_recorded": 0, "error": "no event loop known in this process yet"})
 
+    def _arm_scan(self, raw_spec: dict[str, Any]) -> None:
+        from ..syncs import SyncScan, SyncSpec, from_environment  # only processes that get scanned pay the import
+
+        spec = SyncSpec.from_dict(raw_spec)
+        current = self._scan
+        if current is not None and not current.finished:
+            self._link.send({"type": "sync", "scan_id": spec.id, "state": "failed", "steps_recorded": 0,
+                             "error": f"scan {current.spec.id} still running here"})
+            return
+        try:
+            self._scan = SyncScan(spec, self._link.send, allowlist=from_environment())
+        except Exception as exc:
+            self._link.send({"type": "sync", "scan_id": spec.id, "state": "failed", "steps_recorded": 0,
+                             "error": f"cannot start a scan here: {exc}"})
+
     def _on_disconnect(self) -> None:
         capture = self._capture
         if capture is not None:
             capture.request_stop("sidecar disconnected")
+        scan = self._scan
+        if scan is not None:
+            scan.request_stop("sidecar disconnected")
 
 
 def _cuda_available() -> bool:

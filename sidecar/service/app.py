@@ -16,9 +16,12 @@ from aiohttp import WSMsgType, web
 from .. import __version__, auth
 from ..protocol import PROBE_WS_PATH, ProcessIdentity
 from . import merge
-from .metrics_receiver import CAPTURE_METRICS, add_metrics_routes
+from .metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, add_metrics_routes
+from .sync_findings import SyncFindings
 from .captures import FINAL_STATES, CaptureBusy, CaptureManager, NoProbes
-from .params import ParamError, parse_capture_request
+from .params import ParamError, parse_capture_request, parse_scan_request
+from .scans import FINAL as SCAN_FINAL
+from .scans import ScanManager
 from .registry import ProbeRegistry
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class ServiceSettings:
 SETTINGS = web.AppKey("settings", ServiceSettings)
 REGISTRY = web.AppKey("registry", ProbeRegistry)
 CAPTURES = web.AppKey("captures", CaptureManager)
+SCANS = web.AppKey("scans", ScanManager)
 
 routes = web.RouteTableDef()
 
@@ -76,6 +80,10 @@ async def profile_start(request: web.Request) -> web.Response:
         params.update(await _body_params(request))
     capture_request = parse_capture_request(params, request.app[SETTINGS].max_steps)
     manager = request.app[CAPTURES]
+    scan = request.app[SCANS].active
+    if scan is not None:  # the profiler would record the detector's own overhead
+        return json_error(409, "scan_in_progress", f"sync scan {scan.id} is {scan.state}; wait for it or POST /sync/stop",
+                          active=scan.id)
     try:
         capture = await manager.start(capture_request)
     except CaptureBusy as exc:
@@ -164,6 +172,52 @@ async def profiles(request: web.Request) -> web.Response:
     return web.json_response({"captures": [c.to_json() for c in request.app[CAPTURES].recent()]})
 
 
+# -- hidden-sync scans -------------------------------------------------------------------------------
+@routes.route("*", "/sync/start")
+async def sync_start(request: web.Request) -> web.Response:
+    if request.method not in ("GET", "POST"):
+        return json_error(405, "method_not_allowed", "use GET or POST")
+    params = dict(request.query)
+    if request.method == "POST" and request.can_read_body:
+        params.update(await _body_params(request))
+    scan_request = parse_scan_request(params, request.app[SETTINGS].max_steps)
+    capture = request.app[CAPTURES].active
+    if capture is not None:
+        return json_error(409, "capture_in_progress", f"capture {capture.id} is {capture.state}; wait for it or "
+                          "POST /profile/stop", active=capture.id)
+    try:
+        scan = await request.app[SCANS].start(scan_request)
+    except CaptureBusy as exc:
+        return json_error(409, "scan_in_progress", f"sync scan {exc.active.id} is {exc.active.state}; wait for it "
+                          "or POST /sync/stop", active=exc.active.id)
+    except NoProbes as exc:
+        return json_error(503, "no_engine_processes", f"{exc}: is the plugin installed and SIDECAR_ENDPOINT right?")
+    return web.json_response({"id": scan.id, "state": scan.state, "url": f"/sync/{scan.id}",
+                              "processes": [p.label for p in scan.processes]}, status=202)
+
+
+@routes.post("/sync/stop")
+async def sync_stop(request: web.Request) -> web.Response:
+    scan = await request.app[SCANS].stop("stopped by request")
+    if scan is None:
+        return json_error(409, "no_active_scan", "no sync scan is running")
+    return web.json_response({"id": scan.id, "state": scan.state, "url": f"/sync/{scan.id}"})
+
+
+@routes.get("/sync/{id}")
+async def sync_status(request: web.Request) -> web.Response:
+    scan_id = request.match_info["id"]
+    scan = request.app[SCANS].get(scan_id)
+    if scan is None:
+        raise web.HTTPNotFound(text=f"no sync scan {scan_id!r} (see /syncs)")
+    return web.json_response(scan.to_json())
+
+
+@routes.get("/syncs")
+async def syncs(request: web.Request) -> web.Response:
+    return web.json_response({"scans": [s.to_json() for s in request.app[SCANS].recent()]})
+
+
 # -- processes and health ----------------------------------------------------------------------------
 @routes.get("/processes")
 async def processes(request: web.Request) -> web.Response:
@@ -210,11 +264,14 @@ async def probe_ws(request: web.Request) -> web.StreamResponse:
                 conn.observe_steps(int(data.get("steps") or 0), time.time())
             elif data.get("type") == "capture":
                 await manager.on_probe_report(conn, data)
+            elif data.get("type") == "sync":
+                request.app[SCANS].on_probe_report(conn, data)
     finally:
         if conn is not None:
             registry.remove(conn)
             log.info("probe disconnected: %s", conn.identity.label)
             await manager.on_probe_lost(conn)
+            request.app[SCANS].on_probe_lost(conn)
     return ws
 
 
@@ -233,7 +290,11 @@ def make_app(settings: ServiceSettings) -> web.Application:
             on_finished=lambda c: metrics.observe(c.state, sum(p.steps_recorded for p in c.processes),
                                                   c.trace_bytes, (c.finished_at or c.created_at) - c.created_at),
         )
+        findings = SyncFindings(app[METRICS_REGISTRY])
+        app[SCANS] = ScanManager(app[REGISTRY], settings.trace_dir / "scans", settings.keep, settings.stop_grace_s,
+                                 on_finished=findings.observe)
         yield
+        await app[SCANS].close()
         await app[CAPTURES].close()
         for ws in [c.ws for c in app[REGISTRY].all()]:
             await ws.close()

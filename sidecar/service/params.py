@@ -139,3 +139,37 @@ def parse_capture_request(params: Mapping[str, str], max_steps: int) -> CaptureR
         timeout_s=_timeout(params.get("timeout_s")),
         **{name: _bool(params, name) for name in BOOLEAN_OPTIONS},
     )
+
+
+SCAN_KNOWN = {"steps", "delay", "processes", "timeout_s", "baseline"}
+_SCAN_ID = r"^s[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$"
+
+
+@dataclass(frozen=True)
+class ScanRequest:
+    steps: int
+    delay: int = 0
+    processes: tuple[ProcessSelector, ...] = ()
+    timeout_s: float = config.DEFAULT_CAPTURE_TIMEOUT_S
+    baseline: str | None = None  # id of an earlier scan: report only sites it did not have
+
+    def selects(self, role: str, rank: int | None) -> bool:
+        return not self.processes or any(s.matches(role, rank) for s in self.processes)
+
+
+def parse_scan_request(params: Mapping[str, str], max_steps: int) -> ScanRequest:
+    import re
+
+    unknown = sorted(set(params) - SCAN_KNOWN)
+    if unknown:
+        raise ParamError(unknown[0], f"unknown parameter; known: {', '.join(sorted(SCAN_KNOWN))}")
+    baseline = params.get("baseline")
+    if baseline is not None and not re.match(_SCAN_ID, baseline):
+        raise ParamError("baseline", f"must be the id of an earlier scan (see /syncs), got {baseline!r}")
+    return ScanRequest(
+        steps=_int(params, "steps", 1, max_steps),
+        delay=_int(params, "delay", 0, max_steps, default=0),
+        processes=_processes(params.get("processes")),
+        timeout_s=_timeout(params.get("timeout_s")),
+        baseline=baseline,
+    )
