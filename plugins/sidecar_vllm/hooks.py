@@ -6,6 +6,11 @@
   CPU, XPU and other workers subclass the GPU ``Worker``.
 - ``AsyncLLM.__init__``: the API server, which records for the capture window on its event loop.
 
+Step telemetry (docs/telemetry.md): each worker gets a ``StepRecorder`` from ``sidecar.telemetry``;
+a worker step with work costs two ``time.time_ns()`` calls and one deque append, and the recorder's
+drain thread turns those into the ``sidecar.step.*`` histograms. The engine core gets process
+samplers (CPU, RSS). ``SIDECAR_TELEMETRY=0`` (or ``OTEL_SDK_DISABLED=true``) leaves both out.
+
 Each patch is independent: one that fails is logged and the others still apply; the engine never
 fails to start because of this package.
 """
@@ -16,15 +21,19 @@ import asyncio
 import functools
 import importlib
 import logging
+import time
 from typing import Any, Callable
 
 from sidecar.probe import Probe
 from sidecar.protocol import ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER
+from sidecar.telemetry import create_telemetry
 
 log = logging.getLogger(__name__)
 
 PROBE_ATTR = "_inference_sidecar_probe"
 PENDING_ATTR = "_inference_sidecar_pending_end"  # a worker step whose sampling is still to come
+TELEMETRY_ATTR = "_inference_sidecar_telemetry"  # this process's Telemetry (engine core, worker)
+STEPS_ATTR = "_inference_sidecar_steps"  # a worker's StepRecorder, or None
 MARK = "__inference_sidecar_wrapped__"
 _MISSING = object()
 
@@ -60,11 +69,31 @@ def _attach_probe(obj: Any, role: str, rank: int | None, loop=None) -> Probe | N
     return probe
 
 
+def _attach_telemetry(obj: Any, role: str, rank: int | None, *, steps: bool) -> None:
+    """Give ``obj`` its process telemetry once (samplers started; a step recorder for workers)."""
+    if TELEMETRY_ATTR in obj.__dict__:
+        return
+    obj.__dict__[TELEMETRY_ATTR] = None
+    obj.__dict__[STEPS_ATTR] = None
+    try:
+        telemetry = create_telemetry(role, rank)
+        if not telemetry.settings.enabled:
+            return
+        recorder = telemetry.step_recorder(role) if steps else None
+        telemetry.start_samplers(process=True)
+    except Exception as exc:
+        log.warning("inference-sidecar: telemetry not started in %s: %s", role, exc)
+        return
+    obj.__dict__[TELEMETRY_ATTR] = telemetry
+    obj.__dict__[STEPS_ATTR] = recorder
+
+
 # -- engine core ----------------------------------------------------------------------------------
 def _wrap_engine_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         _attach_probe(self, ROLE_ENGINE_CORE, None)
+        _attach_telemetry(self, ROLE_ENGINE_CORE, None, steps=False)
 
     return __init__
 
@@ -74,6 +103,7 @@ def _wrap_engine_busy_loop(original):
     # __init__ patch could apply; the busy loop starts right after, so the probe attaches here.
     def run_busy_loop(self, *args, **kwargs):
         _attach_probe(self, ROLE_ENGINE_CORE, None)
+        _attach_telemetry(self, ROLE_ENGINE_CORE, None, steps=False)
         return original(self, *args, **kwargs)
 
     return run_busy_loop
@@ -98,24 +128,38 @@ def _wrap_engine_step(original):
 def _wrap_worker_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        _attach_probe(self, ROLE_WORKER, getattr(self, "rank", None))
+        rank = getattr(self, "rank", None)
+        _attach_probe(self, ROLE_WORKER, rank)
+        _attach_telemetry(self, ROLE_WORKER, rank, steps=True)
 
     return __init__
 
 
+def _end_worker_step(probe, steps, has_work: bool, t0: int, scheduler_output) -> None:
+    if probe is not None:
+        probe.step_end(has_work)
+    if steps is not None and has_work:
+        steps.observe(t0, time.time_ns(), len(scheduler_output.num_scheduled_tokens),
+                      scheduler_output.total_num_scheduled_tokens)
+
+
 def _wrap_execute_model(original):
     def execute_model(self, scheduler_output, *args, **kwargs):
-        probe = self.__dict__.get(PROBE_ATTR)
-        if probe is None:
+        state = self.__dict__
+        probe = state.get(PROBE_ATTR)
+        steps = state.get(STEPS_ATTR)
+        if probe is None and steps is None:
             return original(self, scheduler_output, *args, **kwargs)
         has_work = scheduler_output.total_num_scheduled_tokens > 0
-        probe.step_begin(has_work)
+        if probe is not None:
+            probe.step_begin(has_work)
+        t0 = time.time_ns() if steps is not None else 0
         result = original(self, scheduler_output, *args, **kwargs)
         if result is None:
             # Sampling is deferred to sample_tokens(): the step ends there.
-            self.__dict__[PENDING_ATTR] = has_work
+            state[PENDING_ATTR] = (has_work, t0, scheduler_output)
         else:
-            probe.step_end(has_work)
+            _end_worker_step(probe, steps, has_work, t0, scheduler_output)
         return result
 
     return execute_model
@@ -124,9 +168,10 @@ def _wrap_execute_model(original):
 def _wrap_sample_tokens(original):
     def sample_tokens(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        pending = self.__dict__.pop(PENDING_ATTR, None)
+        state = self.__dict__
+        pending = state.pop(PENDING_ATTR, None)
         if pending is not None:
-            self.__dict__[PROBE_ATTR].step_end(pending)
+            _end_worker_step(state.get(PROBE_ATTR), state.get(STEPS_ATTR), *pending)
         return result
 
     return sample_tokens
@@ -141,6 +186,12 @@ def _wrap_async_llm_init(original):
         except RuntimeError:
             loop = None
         _attach_probe(self, ROLE_API_SERVER, None, loop=loop)
+        try:
+            from .stat_logger import attach_to_async_llm
+
+            attach_to_async_llm(self)
+        except Exception as exc:
+            log.warning("inference-sidecar: request telemetry not attached to the engine: %s", exc)
 
     return __init__
 

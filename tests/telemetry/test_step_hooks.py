@@ -1,0 +1,65 @@
+"""The vLLM worker hooks feed the step recorder: one observation per step with work, none without."""
+
+from types import SimpleNamespace
+
+from sidecar.telemetry.instruments import STEP_BATCH_SIZE, STEP_DURATION, STEP_TOKENS
+from sidecar_vllm import hooks
+
+from .helpers import in_memory_telemetry, metric_points
+
+
+def _worker_class():
+    class Worker:  # the shape of vllm.v1.worker.gpu_worker.Worker's step methods
+        def execute_model(self, scheduler_output):
+            return None if scheduler_output.defer else "output"
+
+        def sample_tokens(self, grammar_output):
+            return "sampled"
+
+    hooks._patch(Worker, "execute_model", hooks._wrap_execute_model)
+    hooks._patch(Worker, "sample_tokens", hooks._wrap_sample_tokens)
+    return Worker
+
+
+def _output(tokens: dict, defer: bool = True):
+    return SimpleNamespace(num_scheduled_tokens=tokens, total_num_scheduled_tokens=sum(tokens.values()), defer=defer)
+
+
+def test_worker_steps_become_step_metrics():
+    telemetry, _, reader = in_memory_telemetry()
+    worker = _worker_class()()
+    recorder = telemetry.step_recorder("worker")
+    worker.__dict__[hooks.STEPS_ATTR] = recorder  # no probe: step metrics work without one
+    assert worker.execute_model(_output({"a": 5, "b": 1})) is None
+    assert worker.sample_tokens(None) == "sampled"  # the step ends here
+    assert worker.execute_model(_output({})) is None  # no work: not a step
+    worker.sample_tokens(None)
+    assert worker.execute_model(_output({"a": 1, "b": 1, "c": 1}, defer=False)) == "output"
+    telemetry.run_tasks_once()  # the drain the sampler thread runs
+    (duration,) = metric_points(reader, STEP_DURATION)
+    (batch,) = metric_points(reader, STEP_BATCH_SIZE)
+    (tokens,) = metric_points(reader, STEP_TOKENS)
+    assert duration.count == batch.count == tokens.count == 2
+    assert batch.sum == 2 + 3 and tokens.sum == 6 + 3
+    assert dict(duration.attributes) == {"sidecar.process.role": "worker"}
+    assert recorder.dropped == 0
+    telemetry.shutdown()
+
+
+def test_telemetry_attaches_once_and_not_when_switched_off(monkeypatch):
+    monkeypatch.setenv("SIDECAR_METRICS_PUSH", "0")
+    monkeypatch.setenv("SIDECAR_TELEMETRY", "0")
+    off = _worker_class()()
+    hooks._attach_telemetry(off, "worker", 0, steps=True)
+    assert off.__dict__[hooks.STEPS_ATTR] is None and off.__dict__[hooks.TELEMETRY_ATTR] is None
+    assert off.execute_model(_output({"a": 1}, defer=False)) == "output"  # unhooked path
+
+    monkeypatch.setenv("SIDECAR_TELEMETRY", "1")
+    on = _worker_class()()
+    hooks._attach_telemetry(on, "worker", 0, steps=True)
+    telemetry, recorder = on.__dict__[hooks.TELEMETRY_ATTR], on.__dict__[hooks.STEPS_ATTR]
+    hooks._attach_telemetry(on, "worker", 0, steps=True)
+    assert on.__dict__[hooks.TELEMETRY_ATTR] is telemetry and on.__dict__[hooks.STEPS_ATTR] is recorder
+    on.execute_model(_output({"a": 2}, defer=False))
+    assert recorder.observed == 1
+    telemetry.shutdown()
