@@ -16,8 +16,13 @@ logger what it needs alongside the ``IterationStats`` it already receives:
   duration of that call) and attaches them to the request's state, so the request span becomes a child
   of the caller's span with nothing but the standard ``OTEL_*`` variables configured.
 
+With span export on, ``attach_to_async_llm`` (called by hooks.py once ``AsyncLLM`` is built) also
+gives the ``OutputProcessor`` an ``InFlightRequests``: each request's span ids are chosen when it
+arrives, so a capture span can link to requests still running when the capture ends
+(``sidecar.telemetry.CaptureSpans``, fed by the API server's probe).
+
 Everything else (span tree, metrics, export) is engine-agnostic, in ``sidecar.telemetry``. A failure
-here is logged once and never reaches vLLM.
+here is logged once and never reaches vLLM. With ``SIDECAR_TELEMETRY=0`` the logger patches nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +37,17 @@ from typing import Any, Callable
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
-from sidecar.telemetry import ClockOffset, FinishedRequest, create_telemetry, operation_from_request_id, record_request
+from sidecar import auth, config
+from sidecar.client import SidecarClient
+from sidecar.telemetry import (
+    CaptureSpans,
+    ClockOffset,
+    FinishedRequest,
+    InFlightRequests,
+    create_telemetry,
+    operation_from_request_id,
+    record_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +55,8 @@ MARK = "__inference_sidecar_telemetry__"
 HEADERS_ATTR = "_inference_sidecar_trace_headers"  # on a RequestState
 FINISHED_ATTR = "_inference_sidecar_finished"  # on an IterationStats: [(RequestState, finish_reason, wall end)]
 ABORTED_ATTR = "_inference_sidecar_aborted"  # on an OutputProcessor: aborted, not yet handed over
+IN_FLIGHT_ATTR = "_inference_sidecar_in_flight"  # on an OutputProcessor: its InFlightRequests
+SPAN_ATTR = "_inference_sidecar_span_context"  # on a RequestState: the request span's ids, chosen on arrival
 
 _TRACE_HEADERS: contextvars.ContextVar = contextvars.ContextVar("inference_sidecar_trace_headers", default=None)
 
@@ -76,10 +93,14 @@ def _wrap_output_add_request(original):
     def add_request(self, request, *args, **kwargs):
         result = original(self, request, *args, **kwargs)
         headers = _TRACE_HEADERS.get()
-        if headers:
+        in_flight = self.__dict__.get(IN_FLIGHT_ATTR)
+        if headers or in_flight is not None:
             state = self.request_states.get(request.request_id)
             if state is not None:
-                state.__dict__[HEADERS_ATTR] = headers
+                if headers:
+                    state.__dict__[HEADERS_ATTR] = headers
+                if in_flight is not None:
+                    state.__dict__[SPAN_ATTR] = in_flight.begin(request.request_id, headers)
         return result
 
     return add_request
@@ -88,6 +109,9 @@ def _wrap_output_add_request(original):
 def _wrap_update_stats_from_finished(original):
     def _update_stats_from_finished(self, req_state, finish_reason, iteration_stats):
         result = original(self, req_state, finish_reason, iteration_stats)
+        in_flight = self.__dict__.get(IN_FLIGHT_ATTR)
+        if in_flight is not None:
+            in_flight.end(req_state.request_id)
         if iteration_stats is not None and req_state.stats is not None:
             iteration_stats.__dict__.setdefault(FINISHED_ATTR, []).append(
                 (req_state, finish_reason, iteration_stats.iteration_timestamp))
@@ -102,6 +126,11 @@ def _wrap_abort_requests(original):
         result = original(self, *args, **kwargs)
         now = time.time()
         gone = [state for rid, state in before.items() if rid not in self.request_states and state.stats is not None]
+        in_flight = self.__dict__.get(IN_FLIGHT_ATTR)
+        if in_flight is not None:
+            for rid in before:
+                if rid not in self.request_states:
+                    in_flight.end(rid, now)
         if gone:
             self.__dict__.setdefault(ABORTED_ATTR, []).extend((state, "abort", now) for state in gone)
         return result
@@ -163,6 +192,7 @@ def finished_request(req_state: Any, finish_reason: Any, finished_time: float, m
         temperature=req_state.temperature,
         top_p=req_state.top_p,
         trace_headers=req_state.__dict__.get(HEADERS_ATTR),
+        span_context=req_state.__dict__.get(SPAN_ATTR),
     )
 
 
@@ -179,10 +209,20 @@ class SidecarStatLogger(AggregateStatLoggerBase):
         self.engine_indexes = engine_indexes or [0]
         self.model = _served_model_name(vllm_config)
         self.telemetry = None
+        self.in_flight: InFlightRequests | None = None
+        self.captures: CaptureSpans | None = None
         self._failed = False
         try:
+            telemetry = telemetry or create_telemetry("api_server")
+            if not telemetry.settings.enabled:
+                return  # SIDECAR_TELEMETRY=0 / OTEL_SDK_DISABLED: vLLM's request path stays untouched
             install_request_hooks()
-            self.telemetry = telemetry or create_telemetry("api_server").start_samplers(process=True, gpu=True)
+            self.telemetry = telemetry.start_samplers(process=True, gpu=True)
+            if telemetry.traces_on:
+                self.in_flight = InFlightRequests()
+                url = config.endpoint()
+                self.captures = CaptureSpans(telemetry.tracer, self.in_flight, lambda capture_id: SidecarClient(
+                    url, token=auth.read_token() or "", timeout=5.0).status(capture_id), url)
         except Exception as exc:
             log.warning("inference-sidecar: request telemetry is off: %s", exc)
 
@@ -208,3 +248,15 @@ class SidecarStatLogger(AggregateStatLoggerBase):
 
     def record_admission_rejection(self, reason: str) -> None:
         pass
+
+
+def attach_to_async_llm(async_llm: Any) -> SidecarStatLogger | None:
+    """Find this package's stat logger among ``async_llm``'s and give its OutputProcessor the in-flight
+    registry; returns the logger (None when vLLM built none: stats off, or telemetry off)."""
+    manager = getattr(async_llm, "logger_manager", None)
+    for logger in getattr(manager, "stat_loggers", None) or ():
+        if isinstance(logger, SidecarStatLogger) and logger.telemetry is not None:
+            if logger.in_flight is not None:
+                async_llm.output_processor.__dict__[IN_FLIGHT_ATTR] = logger.in_flight
+            return logger
+    return None

@@ -4,16 +4,19 @@ Engine-agnostic. One module per concept: ``settings`` (environment), ``setup`` (
 process), ``instruments`` (metric names and buckets), ``requests`` (a finished request → span tree +
 metrics), ``clock`` (engine monotonic → wall clock), ``export`` (bounded, dropping span export),
 ``push`` (metrics to the sidecar), ``steps`` (step metrics and sampled step spans), ``gpu`` / ``process``
-(samplers), ``sampling`` (their thread), ``capture`` (a capture as a span).
+(samplers), ``sampling`` (their thread), ``capture`` (a capture as a span), ``inflight`` (requests in
+flight, their span ids chosen on arrival).
 """
 
-from .capture import CaptureRecord, record_capture
+from .capture import CaptureRecord, CaptureSpans, record_capture
 from .clock import ClockOffset
+from .inflight import InFlightRequests, PresetIdGenerator
 from .requests import FinishedRequest, operation_from_request_id, record_request
 from .settings import TelemetrySettings
 from .setup import Telemetry, create_telemetry, make_resource
 
 __all__ = [
-    "CaptureRecord", "ClockOffset", "FinishedRequest", "Telemetry", "TelemetrySettings", "create_telemetry",
+    "CaptureRecord", "CaptureSpans", "ClockOffset", "FinishedRequest", "InFlightRequests", "PresetIdGenerator",
+    "Telemetry", "TelemetrySettings", "create_telemetry",
     "make_resource", "operation_from_request_id", "record_capture", "record_request",
 ]

@@ -1,14 +1,19 @@
-"""A capture as a span, linked to the request spans that were in flight while it recorded."""
+"""A capture as a span, linked to the request spans that were in flight while it recorded (docs/telemetry.md)."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, Tracer
 
 from .clock import to_ns
+
+log = logging.getLogger(__name__)
 
 SPAN_CAPTURE = "sidecar capture"
 
@@ -44,3 +49,91 @@ def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[S
         span.set_status(Status(StatusCode.ERROR, capture.error))
     span.end(to_ns(max(capture.ended_at, capture.started_at)))
     return span.get_span_context()
+
+
+# -- the API server's side: one capture span per capture window -------------------------------------
+FetchStatus = Callable[[str], Mapping[str, Any]]  # capture id -> the sidecar's GET /profile/{id} body
+FINAL_STATES = ("done", "partial", "failed")
+
+
+def record_from_status(capture_id: str, started_at: float, ended_at: float, status: Mapping[str, Any] | None,
+                       base_url: str, window_state: str) -> CaptureRecord:
+    """A CaptureRecord from the sidecar's final capture status (None: the sidecar did not answer)."""
+    if not status:
+        return CaptureRecord(capture_id, window_state, started_at, ended_at, steps=0, processes=0, bytes=0,
+                             error="the sidecar's capture status could not be read")
+    procs = status.get("processes") or []
+    driven = [p.get("steps_recorded") or 0 for p in procs if p.get("role") != "api_server"]
+    trace = status.get("trace")
+    return CaptureRecord(
+        capture_id=capture_id, state=str(status.get("state")), started_at=started_at, ended_at=ended_at,
+        steps=min(driven) if driven else 0, processes=len(procs), bytes=int(status.get("trace_bytes") or 0),
+        trace_url=f"{base_url.rstrip('/')}{trace}" if trace else None,
+        error=status.get("reason") if status.get("state") == "failed" else None)
+
+
+class CaptureSpans:
+    """Turns the capture reports of the API server's probe into ``sidecar capture`` spans.
+
+    The probe calls ``on_report(msg)`` with each capture report it sends to the sidecar. The window
+    opens at ``capturing`` and closes at ``exporting`` (or ``failed``); at ``done`` / ``failed`` a
+    daemon thread waits for the sidecar's final status (steps, processes, bytes, trace URL; the merge
+    happens there) and emits the span, linked to every request in flight during the window. Nothing
+    here runs on the event loop beyond a dict update.
+    """
+
+    def __init__(self, tracer: Tracer, in_flight, fetch_status: FetchStatus, base_url: str, *,
+                 final_timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
+        self._tracer = tracer
+        self._in_flight = in_flight
+        self._fetch = fetch_status
+        self._base_url = base_url
+        self._timeout = final_timeout_s
+        self._poll = poll_s
+        self._windows: dict[str, list[float]] = {}  # capture id -> [start, end]
+        self._threads: list[threading.Thread] = []
+
+    def on_report(self, msg: Mapping[str, Any]) -> None:
+        if msg.get("type") != "capture" or not msg.get("capture_id"):
+            return
+        capture_id, state, now = str(msg["capture_id"]), msg.get("state"), time.time()
+        if state == "capturing":
+            self._windows[capture_id] = [now, 0.0]
+        elif state == "exporting":
+            window = self._windows.get(capture_id)
+            if window is not None:
+                window[1] = now
+        elif state in ("done", "failed"):
+            window = self._windows.pop(capture_id, None)
+            if window is None:  # failed before it recorded: no window, no span
+                return
+            start, end = window[0], window[1] or now
+            links = self._in_flight.overlapping(start, end)
+            thread = threading.Thread(target=self._emit, args=(capture_id, start, end, links, state),
+                                      name="sidecar-capture-span", daemon=True)
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            thread.start()
+
+    def _emit(self, capture_id: str, start: float, end: float, links: Sequence[SpanContext], state: str) -> None:
+        deadline = time.monotonic() + self._timeout
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                status = self._fetch(capture_id)
+            except Exception as exc:
+                log.debug("capture %s: status not readable: %s", capture_id, exc)
+                status = None
+            if status and status.get("state") in FINAL_STATES:
+                break
+            time.sleep(self._poll)
+        record = record_from_status(capture_id, start, end, status if status and status.get("state") in FINAL_STATES
+                                    else None, self._base_url, state)
+        try:
+            record_capture(record, self._tracer, links)
+        except Exception:
+            log.warning("inference-sidecar: capture span of %s not recorded", capture_id, exc_info=True)
+
+    def join(self, timeout_s: float = 10.0) -> None:
+        """Wait for pending capture spans (tests, shutdown)."""
+        for thread in list(self._threads):
+            thread.join(timeout_s)

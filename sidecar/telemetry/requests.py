@@ -22,6 +22,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .clock import ClockOffset, to_ns
+from .inflight import PresetIdGenerator
 from .instruments import RequestInstruments
 
 OPERATION_CHAT = "chat"
@@ -65,6 +66,9 @@ class FinishedRequest:
     temperature: float | None = None
     top_p: float | None = None
     trace_headers: Mapping[str, str] | None = None  # incoming W3C traceparent / tracestate
+    # The request span's ids, when they were chosen on arrival (InFlightRequests.begin) so that spans
+    # emitted while the request ran (captures) could link to it.
+    span_context: trace.SpanContext | None = None
 
     @property
     def error_type(self) -> str | None:
@@ -157,8 +161,16 @@ def record_request(
     """Emit the span tree of one finished request and record its metrics; returns the request span's context."""
     attrs = request_attributes(req, provider)
     start_ns, end_ns = to_ns(req.arrival_time), to_ns(max(req.finished_time, req.arrival_time))
-    span = tracer.start_span(req.span_name, context=parent_context(req.trace_headers), kind=SpanKind.SERVER,
-                             attributes=attrs, start_time=start_ns, links=links)
+    ids = getattr(tracer, "id_generator", None)
+    preset = isinstance(ids, PresetIdGenerator) and req.span_context is not None and req.span_context.is_valid
+    if preset:
+        ids.preset(req.span_context.trace_id, req.span_context.span_id)
+    try:
+        span = tracer.start_span(req.span_name, context=parent_context(req.trace_headers), kind=SpanKind.SERVER,
+                                 attributes=attrs, start_time=start_ns, links=links)
+    finally:
+        if preset:
+            ids.clear()  # a sampled-out span asks for no ids; the next span must not inherit them
     engine = _engine_clock(req, clock)
 
     def child(name: str, begin_mono: float, end_mono: float, extra: dict | None = None) -> None:

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from .. import __version__, auth
 from .export import BoundedSpanProcessor
 from .gpu import GpuSampler
+from .inflight import PresetIdGenerator
 from .instruments import SPANS_DROPPED, RequestInstruments, StepInstruments
 from .process import ProcessSampler
 from .push import SidecarMetricExporter
@@ -121,7 +122,8 @@ class Telemetry:
                 exporter, max_queue_size=settings.span_queue_size, max_batch_size=settings.span_batch_size,
                 schedule_delay_s=settings.span_schedule_delay_ms / 1000,
                 on_drop=lambda n, reason: dropped.add(n, {"reason": reason}))
-            self.tracer_provider = TracerProvider(resource=resource)
+            # Request spans take the ids chosen when their request arrived (inflight.py).
+            self.tracer_provider = TracerProvider(resource=resource, id_generator=PresetIdGenerator())
             self.tracer_provider.add_span_processor(self.span_processor)
             self.tracer: trace.Tracer = self.tracer_provider.get_tracer(SCOPE, __version__)
         else:
