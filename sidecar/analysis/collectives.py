@@ -7,12 +7,13 @@ kernel also ran: 1.0 means communication is fully hidden, 0.0 means the GPU did 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from . import intervals
 from .events import Kind, is_collective
-from .kernels import NameStat, ratio, top, us
+from .kernels import NameStat, name_stats, ratio, top, us
 from .processes import ProcessView
 
 
@@ -32,30 +33,23 @@ class CollectiveStats:
 
 
 def collective_stats(view: ProcessView) -> CollectiveStats:
-    gpu = view.gpu
     names = view.data.names
-    flags: dict[int, bool] = {}
-    comm: dict[int, list[intervals.Interval]] = defaultdict(list)
-    compute: dict[int, list[intervals.Interval]] = defaultdict(list)
+    ts, dur, kind, name, device = view.columns("ts", "dur", "kind", "name", "device")
+    k = kind == Kind.KERNEL
+    ts, dur, name, device = ts[k], dur[k], name[k], device[k]
+    flags = {nid: is_collective(names[nid]) for nid in np.unique(name).tolist()}
+    comm = np.array([flags[n] for n in name.tolist()], dtype=bool) if len(name) else np.zeros(0, dtype=bool)
     stats = CollectiveStats()
-    for i in view.gpu_index:
-        if gpu.kind[i] != Kind.KERNEL:
-            continue
-        nid = gpu.name[i]
-        flag = flags.get(nid)
-        if flag is None:
-            flag = flags[nid] = is_collective(names[nid])
-        start, dur = gpu.ts[i], gpu.dur[i]
-        if flag:
-            stats.kernels.setdefault(names[nid], NameStat()).add(dur)
-            stats.time += dur
-            comm[gpu.device[i]].append((start, start + dur))
-        else:
-            compute[gpu.device[i]].append((start, start + dur))
-    for device, pairs in comm.items():
-        comm_union = intervals.union(pairs)
+    for nid, stat in name_stats(name[comm], dur[comm]).items():
+        stats.kernels[names[nid]] = stat
+    stats.time = intervals.seq_sum(dur[comm])
+    end = ts + dur
+    for device_id in dict.fromkeys(device[comm].tolist()):  # devices in order of first collective
+        mine = device == device_id
+        comm_union = intervals.union(ts[mine & comm], end[mine & comm])
         stats.busy += intervals.total(comm_union)
-        stats.overlapped += intervals.total(intervals.intersect(comm_union, intervals.union(compute.get(device, ()))))
+        compute = intervals.union(ts[mine & ~comm], end[mine & ~comm])
+        stats.overlapped += intervals.total(intervals.intersect(comm_union, compute))
     return stats
 
 

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
-from itertools import compress
+
+import numpy as np
 
 from .events import Kind
 from .kernels import us
@@ -36,19 +36,30 @@ class CpuStats:
 
 
 def cpu_stats(view: ProcessView) -> CpuStats:
-    by_id: dict[int, OpStat] = defaultdict(OpStat)
+    """Per op name: count, total and self time, summed over threads in thread order and events
+    in file order, as the per-event loop did (bincount adds in input order)."""
+    name_parts, dur_parts, own_parts = [], [], []
     for tid, thread in view.threads.items():
-        tree = view.tree(tid)
-        child_time, dur, name = tree.child_time, thread.dur, thread.name
-        for i in compress(range(len(thread.kind)), map(int(Kind.OP).__eq__, thread.kind)):
-            stat = by_id[name[i]]
-            d = dur[i]
-            own = d - child_time[i]
-            stat.count += 1
-            stat.total += d
-            stat.self_time += own if own > 0.0 else 0.0
+        ops = np.flatnonzero(thread.kind == Kind.OP)
+        if not len(ops):
+            continue
+        dur = thread.dur[ops]
+        own = dur - view.tree(tid).child_time[ops]
+        name_parts.append(thread.name[ops])
+        dur_parts.append(dur)
+        own_parts.append(np.where(own > 0.0, own, 0.0))
     names = view.data.names
-    return CpuStats(ops={names[nid]: stat for nid, stat in by_id.items()}, threads=len(view.threads))
+    stats = CpuStats(threads=len(view.threads))
+    if not name_parts:
+        return stats
+    name, dur, own = np.concatenate(name_parts), np.concatenate(dur_parts), np.concatenate(own_parts)
+    uniq, first, inverse = np.unique(name, return_index=True, return_inverse=True)
+    counts = np.bincount(inverse, minlength=len(uniq))
+    totals = np.bincount(inverse, weights=dur, minlength=len(uniq))
+    selfs = np.bincount(inverse, weights=own, minlength=len(uniq))
+    for g in np.argsort(first, kind="stable").tolist():
+        stats.ops[names[uniq[g]]] = OpStat(int(counts[g]), float(totals[g]), float(selfs[g]))
+    return stats
 
 
 def to_json(stats: CpuStats, top_n: int) -> dict:

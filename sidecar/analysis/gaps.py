@@ -15,10 +15,10 @@ A gap is a hole between two consecutive busy intervals (kernel union) of one dev
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections import defaultdict
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
 
 from . import intervals
 from .events import Kind
@@ -28,136 +28,170 @@ from .syncs import SyncFinding
 
 MIN_GAP_US = 10.0
 CAUSES = ("sync", "memcpy", "launch", "host", "unknown")
+_SYNC, _MEMCPY, _LAUNCH, _HOST, _UNKNOWN = range(5)
+_LOOKBACK_US = 10_000_000  # 10 s: no call blocks longer; a sync that began earlier is not the cause
+_I64 = np.zeros(0, dtype=np.int64)
 
 
 @dataclass
-class Gap:
-    device: int
-    start: float
-    end: float
-    cause: str
-    preceded_by: str
-    followed_by: str
-    step: Optional[int]
-    next_activity: int  # index (in the process's GPU activities) of the kernel that ended the gap
-    sync: Optional[SyncFinding] = None
-    detail: str = ""  # filled for the largest gaps only (see describe)
+class GapTable:
+    """The gaps of one process, one row each, devices in order and each device's gaps in time
+    order: columns rather than one object per gap (the largest trace has 10k gaps)."""
+
+    device: np.ndarray = field(default_factory=lambda: _I64)
+    start: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    end: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cause: np.ndarray = field(default_factory=lambda: _I64)  # index into CAUSES
+    next_activity: np.ndarray = field(default_factory=lambda: _I64)  # the kernel that ended the gap
+    prev_activity: np.ndarray = field(default_factory=lambda: _I64)  # the kernel that ended last before it
+    step_index: np.ndarray = field(default_factory=lambda: _I64)  # step of the next kernel's launch, -1 none
+    sync: np.ndarray = field(default_factory=lambda: _I64)  # index into the sync list, -1 none
+    detail: dict[int, str] = field(default_factory=dict)  # filled for the largest gaps only
 
     @property
-    def dur(self) -> float:
+    def dur(self) -> np.ndarray:
         return self.end - self.start
 
+    def __len__(self) -> int:
+        return len(self.start)
 
-def find_gaps(view: ProcessView, stats: GpuStats, syncs: Sequence[SyncFinding], min_gap_us: float = MIN_GAP_US, describe_top: int = 10) -> list[Gap]:
+
+def find_gaps(view: ProcessView, stats: GpuStats, syncs: Sequence[SyncFinding], min_gap_us: float = MIN_GAP_US, describe_top: int = 10) -> GapTable:
     """All gaps of at least ``min_gap_us`` on the devices of one process, with their cause; the
     ``describe_top`` largest also get ``detail`` (naming ops costs a walk up the call tree)."""
-    gpu = view.gpu
-    names = view.data.names
-    kernels_by_device: dict[int, list[tuple[float, float, int]]] = defaultdict(list)  # (start, end, k)
-    copies_by_device: dict[int, list[intervals.Interval]] = defaultdict(list)
-    for k, i in enumerate(view.gpu_index):
-        start = gpu.ts[i]
-        if gpu.kind[i] == Kind.KERNEL:
-            kernels_by_device[gpu.device[i]].append((start, start + gpu.dur[i], k))
-        else:
-            copies_by_device[gpu.device[i]].append((start, start + gpu.dur[i]))
+    ts, dur, kind, device = view.columns("ts", "dur", "kind", "device")
+    end = ts + dur
     sync_list = sorted(syncs, key=lambda f: f.ts)
-    sync_starts = [f.ts for f in sync_list]
-    found: list[Gap] = []
-    for device, busy in stats.device_busy.items():
-        kernels = sorted(kernels_by_device[device])
-        kernel_starts = [kern[0] for kern in kernels]
-        kernel_ends = sorted((kern[1], kern[2]) for kern in kernels)
-        copies = intervals.union(copies_by_device.get(device, ()))
-        copy_starts = [start for start, _ in copies]
-        for gap_start, gap_end in intervals.gaps(busy):
-            if gap_end - gap_start < min_gap_us:
-                continue
-            nxt = kernels[bisect_left(kernel_starts, gap_end)][2]
-            prv = kernel_ends[min(len(kernel_ends) - 1, bisect_left(kernel_ends, (gap_start, -1)))][1]
-            sync = _blocking_sync(sync_list, sync_starts, gap_start)
-            if sync is not None:
-                cause = "sync"
-            elif copies and intervals.covered(copies, copy_starts, gap_start, gap_end) >= 0.5 * (gap_end - gap_start):
-                cause = "memcpy"
-            elif view.launch_tid[nxt] is None:
-                cause = "unknown"
-            else:
-                cause = "launch" if view.launch_ts[nxt] <= gap_start else "host"
-            found.append(
-                Gap(
-                    device=device,
-                    start=gap_start,
-                    end=gap_end,
-                    cause=cause,
-                    preceded_by=names[gpu.name[view.gpu_index[prv]]],
-                    followed_by=names[gpu.name[view.gpu_index[nxt]]],
-                    step=view.step_at(view.launch_ts[nxt]),
-                    next_activity=nxt,
-                    sync=sync,
-                )
-            )
-    for gap in sorted(found, key=lambda g: -g.dur)[:describe_top]:
-        gap.detail = describe(view, gap)
+    parts = []
+    for dev, busy in stats.device_busy.items():
+        holes = intervals.gaps(busy)
+        wide = holes.end - holes.start >= min_gap_us
+        g_start, g_end = holes.start[wide], holes.end[wide]
+        mine = device == dev
+        kern = np.flatnonzero(mine & (kind == Kind.KERNEL))  # k: position among the process's activities
+        by_start = kern[np.lexsort((kern, end[kern], ts[kern]))]  # as sorted((start, end, k))
+        by_end = kern[np.lexsort((kern, end[kern]))]  # as sorted((end, k))
+        nxt = by_start[np.searchsorted(ts[by_start], g_end, side="left")]
+        prv = by_end[np.minimum(len(by_end) - 1, np.searchsorted(end[by_end], g_start, side="left"))]
+        copy = np.flatnonzero(mine & (kind != Kind.KERNEL))
+        copies = intervals.union(ts[copy], end[copy])
+        sync = _blocking_syncs(sync_list, g_start)
+        cause = np.where(view.launch_thread[nxt] < 0, _UNKNOWN, np.where(view.launch_ts[nxt] <= g_start, _LAUNCH, _HOST))
+        if len(copies):
+            cause[_mostly_copies(copies, g_start, g_end)] = _MEMCPY
+        cause[sync >= 0] = _SYNC
+        parts.append((np.full(len(g_start), dev, dtype=np.int64), g_start, g_end, cause, nxt, prv, sync))
+    if not parts:
+        return GapTable()
+    columns = [np.concatenate([p[c] for p in parts]) for c in range(7)]
+    table = GapTable(columns[0], columns[1], columns[2], columns[3], columns[4], columns[5], view.step_indices(view.launch_ts[columns[4]]), columns[6])
+    for row in np.argsort(-table.dur, kind="stable")[:describe_top].tolist():
+        table.detail[row] = describe(view, table, row, sync_list)
+    return table
+
+
+def _mostly_copies(copies: intervals.Spans, g_start: np.ndarray, g_end: np.ndarray) -> np.ndarray:
+    """Gaps during which copies ran for at least half the time. Only gaps that some copy overlaps
+    are measured (exactly, as before); the others are covered 0."""
+    first = np.searchsorted(copies.end, g_start, side="right")  # first copy ending after the gap starts
+    last = np.searchsorted(copies.start, g_end, side="left")  # first copy starting at or after its end
+    out = 0.0 >= 0.5 * (g_end - g_start)
+    for row in np.flatnonzero(last > first).tolist():
+        lo, hi = float(g_start[row]), float(g_end[row])
+        out[row] = intervals.covered(copies, lo, hi) >= 0.5 * (hi - lo)
+    return out
+
+
+def _blocking_syncs(sync_list: Sequence[SyncFinding], g_start: np.ndarray, chunk: int = 2048) -> np.ndarray:
+    """Per gap: the index of a sync that began before the GPU went idle and was still blocking
+    when it did, -1 for none. Looking back from the last sync begun by then, the first one still
+    blocking wins, and the look-back stops at a sync begun over 10 s before the gap."""
+    found = np.full(len(g_start), -1, dtype=np.int64)
+    if not sync_list or not len(g_start):
+        return found
+    s_ts = np.array([f.ts for f in sync_list])
+    s_end = np.array([f.ts + f.dur for f in sync_list])
+    last = np.searchsorted(s_ts, g_start, side="right") - 1
+    idx = np.arange(len(sync_list))
+    for lo in range(0, len(g_start), chunk):
+        g, k0 = g_start[lo : lo + chunk, None], last[lo : lo + chunk, None]
+        ok = (s_end[None, :] >= g) & (idx[None, :] <= k0)
+        any_ok = ok.any(axis=1)
+        k = len(sync_list) - 1 - np.argmax(ok[:, ::-1], axis=1)
+        nxt = np.minimum(k + 1, len(sync_list) - 1)
+        reached = (k == k0[:, 0]) | (g[:, 0] - s_ts[nxt] <= _LOOKBACK_US)
+        found[lo : lo + chunk] = np.where(any_ok & reached, k, -1)
     return found
 
 
-def _blocking_sync(sync_list: Sequence[SyncFinding], sync_starts: list[float], gap_start: float) -> Optional[SyncFinding]:
-    """A sync that began before the GPU went idle and was still blocking when it did."""
-    k = bisect_right(sync_starts, gap_start) - 1
-    while k >= 0:
-        f = sync_list[k]
-        if f.ts + f.dur >= gap_start:
-            return f
-        if gap_start - f.ts > 10_000_000:  # 10 s: no call blocks longer; stop looking back
-            return None
-        k -= 1
-    return None
-
-
-def describe(view: ProcessView, gap: Gap) -> str:
+def describe(view: ProcessView, table: GapTable, row: int, sync_list: Sequence[SyncFinding]) -> str:
     """What to look at: the sync and its call site, or the call that launched the next kernel
     and the op (or Python frame) it was made from."""
-    if gap.sync is not None:
-        return f"{gap.sync.name} in {gap.sync.python or gap.sync.site or 'top level'}"
-    tid = view.launch_tid[gap.next_activity]
-    if tid is None or gap.cause == "memcpy":
+    sync = int(table.sync[row])
+    if sync >= 0:
+        f = sync_list[sync]
+        return f"{f.name} in {f.python or f.site or 'top level'}"
+    nxt = int(table.next_activity[row])
+    tid = view.launch_tid(nxt)
+    if tid is None or CAUSES[table.cause[row]] == "memcpy":
         return ""
-    index = view.launch_index[gap.next_activity]
+    index = int(view.launch_index[nxt])
     site, python, _stack = view.enclosing(tid, index)
     where = python or site or "top level"
-    if gap.cause == "launch":
+    if CAUSES[table.cause[row]] == "launch":
         return f"{view.data.names[view.threads[tid].name[index]]} in {where}"
     return f"next launch from {where}"
 
 
-def summarize(items: Sequence[tuple[Gap, float, str]], top_n: int, min_gap_us: float = MIN_GAP_US) -> dict:
-    """The ``gaps`` object. ``items``: (gap, start of its process's window, process label)."""
-    by_cause = {cause: {"count": 0, "total_us": 0.0} for cause in CAUSES}
-    for gap, _origin, _label in items:
-        entry = by_cause[gap.cause]
-        entry["count"] += 1
-        entry["total_us"] += gap.dur
-    for entry in by_cause.values():
-        entry["total_us"] = us(entry["total_us"])
-    largest = sorted(items, key=lambda item: -item[0].dur)[:top_n]
+@dataclass
+class GapPart:
+    """What the summary needs of one process's gaps: durations and causes of all, and the
+    largest few already rendered (so the process's event arrays can be freed)."""
+
+    dur: np.ndarray
+    cause: np.ndarray
+    largest: list[tuple[float, dict]]  # (duration, JSON row), longest first
+
+
+def part(view: ProcessView, table: GapTable, origin: float, top_n: int) -> GapPart:
+    dur = table.dur
+    names, gpu_name = view.data.names, view.gpu.name
+    largest = []
+    for row in np.argsort(-dur, kind="stable")[:top_n].tolist():
+        step = int(table.step_index[row])
+        largest.append(
+            (
+                float(dur[row]),
+                {
+                    "process": view.label,
+                    "device": int(table.device[row]),
+                    "at_us": us(table.start[row] - origin),
+                    "dur_us": us(dur[row]),
+                    "cause": CAUSES[table.cause[row]],
+                    "detail": table.detail.get(row, ""),
+                    "preceded_by": names[gpu_name[view.gpu_index[table.prev_activity[row]]]],
+                    "followed_by": names[gpu_name[view.gpu_index[table.next_activity[row]]]],
+                    "step": view.steps[step].number if step >= 0 else None,
+                },
+            )
+        )
+    return GapPart(dur, table.cause, largest)
+
+
+def summarize(parts: Sequence[GapPart], top_n: int, min_gap_us: float = MIN_GAP_US) -> dict:
+    """The ``gaps`` object over processes (in order). Sums run in gap order, as before."""
+    dur = np.concatenate([p.dur for p in parts]) if parts else np.zeros(0)
+    cause = np.concatenate([p.cause for p in parts]) if parts else _I64
+    counts = np.bincount(cause, minlength=len(CAUSES))
+    totals = np.bincount(cause, weights=dur, minlength=len(CAUSES))
+    by_cause = {c: {"count": int(counts[n]), "total_us": us(totals[n])} for n, c in enumerate(CAUSES)}
+    # Each process's own top_n holds every row of the overall top_n; sorted() is stable, so ties
+    # keep process order, then gap order, as one sort over all gaps would.
+    candidates = [c for p in parts for c in p.largest]
     return {
         "min_gap_us": min_gap_us,
-        "count": len(items),
-        "total_us": us(sum(gap.dur for gap, _o, _l in items)),
+        "count": len(dur),
+        "total_us": us(intervals.seq_sum(dur)) if len(dur) else 0,
         "by_cause": by_cause,
-        "largest": [
-            {
-                "process": label,
-                "device": g.device,
-                "at_us": us(g.start - origin),
-                "dur_us": us(g.dur),
-                "cause": g.cause,
-                "detail": g.detail,
-                "preceded_by": g.preceded_by,
-                "followed_by": g.followed_by,
-                "step": g.step,
-            }
-            for g, origin, label in largest
-        ],
+        "largest": [row for _d, row in sorted(candidates, key=lambda c: -c[0])[:top_n]],
     }

@@ -11,6 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import numpy as np
+
 from . import intervals
 from .events import Kind, memcpy_direction
 from .processes import ProcessView
@@ -61,7 +63,7 @@ class GpuStats:
     kernels: dict[str, NameStat] = field(default_factory=dict)
     kernel_count: int = 0
     kernel_time: float = 0.0
-    device_busy: dict[int, list[intervals.Interval]] = field(default_factory=dict)
+    device_busy: dict[int, intervals.Spans] = field(default_factory=dict)
     device_span: dict[int, tuple[float, float]] = field(default_factory=dict)  # first kernel start, last end
     device_window: dict[int, tuple[float, float]] = field(default_factory=dict)  # the owning process's window
     streams: dict[tuple[int, int], StreamStat] = field(default_factory=dict)
@@ -77,40 +79,71 @@ class GpuStats:
         return sum(hi - lo for lo, hi in self.device_window.values())
 
 
+def name_stats(name_ids: np.ndarray, dur: np.ndarray) -> dict[int, NameStat]:
+    """Count, total, min and max of ``dur`` per name id, in order of first appearance (the order
+    a Python loop would have created them in; totals are summed in event order by bincount)."""
+    if not len(name_ids):
+        return {}
+    uniq, first, inverse = np.unique(name_ids, return_index=True, return_inverse=True)
+    counts = np.bincount(inverse, minlength=len(uniq))
+    totals = np.bincount(inverse, weights=dur, minlength=len(uniq))
+    mins = np.full(len(uniq), np.inf)
+    np.minimum.at(mins, inverse, dur)
+    maxs = np.zeros(len(uniq))
+    np.maximum.at(maxs, inverse, dur)
+    out: dict[int, NameStat] = {}
+    for g in np.argsort(first, kind="stable").tolist():
+        out[int(uniq[g])] = NameStat(int(counts[g]), float(totals[g]), float(mins[g]), float(maxs[g]))
+    return out
+
+
+def groups_in_order(*keys: np.ndarray) -> list[tuple[tuple, np.ndarray]]:
+    """Rows grouped by equal keys: [(key values, row indices)], groups in order of first
+    appearance, rows in their original order."""
+    if not len(keys[0]):
+        return []
+    stacked = np.stack(keys, axis=1)
+    _uniq, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    rows = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse))
+    out = []
+    for g in np.argsort(first, kind="stable").tolist():
+        pick = rows[(bounds[g - 1] if g else 0) : bounds[g]]
+        out.append((tuple(int(v) for v in stacked[first[g]]), pick))
+    return out
+
+
 def gpu_stats(view: ProcessView, window: tuple[float, float]) -> GpuStats:
-    gpu = view.gpu
     names = view.data.names
-    by_name: dict[int, NameStat] = defaultdict(NameStat)
-    by_stream: dict[tuple[int, int], list[intervals.Interval]] = defaultdict(list)
-    copies: dict[str, CopyStat] = defaultdict(CopyStat)
-    ts, dur, kind, name, device, stream, nbytes = gpu.ts, gpu.dur, gpu.kind, gpu.name, gpu.device, gpu.stream, gpu.nbytes
-    for i in view.gpu_index:
-        d = dur[i]
-        k = kind[i]
-        if k == Kind.KERNEL:
-            by_name[name[i]].add(d)
-            start = ts[i]
-            by_stream[(device[i], stream[i])].append((start, start + d))
-        else:
-            label = "Memset" if k == Kind.MEMSET else memcpy_direction(names[name[i]])
-            stat = copies[label]
+    ts, dur, kind, name, device, stream, nbytes = view.columns("ts", "dur", "kind", "name", "device", "stream", "nbytes")
+    stats = GpuStats()
+    copy = np.flatnonzero(kind != Kind.KERNEL)
+    if len(copy):
+        labels = {nid: memcpy_direction(names[nid]) for nid in np.unique(name[copy]).tolist()}
+        label = ["Memset" if k == Kind.MEMSET else labels[n] for k, n in zip(kind[copy].tolist(), name[copy].tolist())]
+        for lab, d, b in zip(label, dur[copy].tolist(), nbytes[copy].tolist()):
+            stat = stats.copies.setdefault(lab, CopyStat())
             stat.count += 1
             stat.total += d
-            stat.nbytes += nbytes[i]
-    stats = GpuStats(copies=dict(copies))
+            stat.nbytes += b
+    k = np.flatnonzero(kind == Kind.KERNEL)
+    ts, dur, name, device, stream = ts[k], dur[k], name[k], device[k], stream[k]
+    by_name = name_stats(name, dur)
     for nid, stat in by_name.items():
         stats.kernels[names[nid]] = stat  # names are interned: one id per distinct name
     stats.kernel_count = sum(s.count for s in by_name.values())
     stats.kernel_time = sum(s.total for s in by_name.values())
-    per_device: dict[int, list[intervals.Interval]] = defaultdict(list)
-    for (dev, strm), pairs in by_stream.items():
-        busy = intervals.union(pairs)
-        stats.streams[(dev, strm)] = StreamStat(dev, strm, len(pairs), sum(e - s for s, e in pairs), intervals.total(busy))
-        per_device[dev].extend(busy)
-    for dev, pairs in per_device.items():
-        union = intervals.union(pairs)
+    end = ts + dur
+    per_device: dict[int, list[intervals.Spans]] = defaultdict(list)
+    for (dev, strm), rows in groups_in_order(device, stream):
+        busy = intervals.union(ts[rows], end[rows])
+        stats.streams[(dev, strm)] = StreamStat(dev, strm, len(rows), intervals.seq_sum(end[rows] - ts[rows]), intervals.total(busy))
+        per_device[dev].append(busy)
+    for dev, parts in per_device.items():
+        union = intervals.union(*intervals.concat(parts))
         stats.device_busy[dev] = union
-        stats.device_span[dev] = (union[0][0], union[-1][1])
+        stats.device_span[dev] = (float(union.start[0]), float(union.end[-1]))
         stats.device_window[dev] = window
     return stats
 
@@ -202,8 +235,9 @@ def _device_of(stream_key: tuple) -> object:
 
 
 def us(value: float) -> float:
-    """Microseconds, kept to the nanosecond."""
-    return round(value, 3)
+    """Microseconds, kept to the nanosecond. numpy scalars become plain floats; a plain int (an
+    empty ``sum()``) stays an int, so the JSON text is what it always was."""
+    return round(value if type(value) is int else float(value), 3)
 
 
 def ratio(part: float, whole: float) -> float:

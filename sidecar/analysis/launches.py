@@ -8,17 +8,13 @@ A graph launch counts once however many kernels it starts, which is the point of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
 
+import numpy as np
+
+from . import intervals
 from .events import is_launch
 from .kernels import us
 from .processes import ProcessView
-
-
-@dataclass(frozen=True)
-class Launch:
-    ts: float
-    dur: float
 
 
 @dataclass
@@ -39,17 +35,28 @@ class LaunchStats:
         self.max = max(self.max, other.max)
 
 
-def launches(view: ProcessView) -> Iterator[Launch]:
+def launches(view: ProcessView) -> tuple[np.ndarray, np.ndarray]:
+    """(start, duration) of every launch call of the process: threads in order, each thread's
+    calls in time order."""
     names = view.data.names
     flags: dict[int, bool] = {}
+    starts, durs = [], []
     for tid, thread in view.threads.items():
-        for i in view.runtime_calls(tid):
-            nid = thread.name[i]
-            flag = flags.get(nid)
-            if flag is None:
-                flag = flags[nid] = is_launch(names[nid])
-            if flag:
-                yield Launch(thread.ts[i], thread.dur[i])
+        calls = view.runtime_calls(tid)
+        ids = thread.name[calls]
+        for nid in np.unique(ids).tolist():
+            if nid not in flags:
+                flags[nid] = is_launch(names[nid])
+        keep = calls[np.array([flags[n] for n in ids.tolist()], dtype=bool)] if len(calls) else calls
+        starts.append(thread.ts[keep])
+        durs.append(thread.dur[keep])
+    if not starts:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(starts), np.concatenate(durs)
+
+
+def launch_stats(durs: np.ndarray) -> "LaunchStats":
+    return LaunchStats(len(durs), intervals.seq_sum(durs), float(durs.max()) if len(durs) else 0.0)
 
 
 def to_json(stats: LaunchStats) -> dict:

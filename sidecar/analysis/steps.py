@@ -7,15 +7,16 @@ the one during which it ran: the GPU often runs behind the host, and an incident
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
+
+import numpy as np
 
 from . import intervals
 from .events import Kind, is_collective
-from .gaps import Gap
-from .kernels import ratio, us
-from .launches import Launch, LaunchStats
+from .gaps import GapTable
+from .kernels import groups_in_order, name_stats, ratio, us
+from .launches import LaunchStats, launch_stats
 from .processes import ProcessView
 from .syncs import SyncFinding
 
@@ -27,8 +28,8 @@ class StepStats:
     dur: float
     kernel_count: int = 0
     kernel_time: float = 0.0
-    kernel_by_name: dict[int, float] = field(default_factory=lambda: defaultdict(float))
-    busy_pairs: dict[int, list] = field(default_factory=lambda: defaultdict(list))
+    top_kernel: Optional[int] = None  # name id with the most kernel time in the step
+    busy: float = 0  # union of the step's kernel intervals, summed over devices (int 0 when none, as sum([]))
     gpu_end: float = 0.0
     launches: LaunchStats = field(default_factory=LaunchStats)
     copy_count: int = 0
@@ -40,50 +41,60 @@ class StepStats:
     gap_time: float = 0.0
 
 
-def step_stats(view: ProcessView, launch_list: Sequence[Launch], syncs: Sequence[SyncFinding], gaps: Sequence[Gap]) -> list[StepStats]:
+def step_stats(view: ProcessView, launch_calls: tuple[np.ndarray, np.ndarray], syncs: Sequence[SyncFinding], gaps: GapTable) -> list[StepStats]:
     steps = [StepStats(s.number, s.ts, s.dur, gpu_end=s.ts + s.dur) for s in view.steps]
     if not steps:
         return []
-    gpu = view.gpu
     names = view.data.names
-    collective: dict[int, bool] = {}
-    for k, i in enumerate(view.gpu_index):
-        index = view.step_index_at(view.launch_ts[k])
-        if index < 0:
-            continue
-        step = steps[index]
-        start, dur = gpu.ts[i], gpu.dur[i]
-        if start + dur > step.gpu_end:
-            step.gpu_end = start + dur
-        if gpu.kind[i] != Kind.KERNEL:
-            step.copy_count += 1
-            step.copy_time += dur
-            continue
-        nid = gpu.name[i]
-        step.kernel_count += 1
-        step.kernel_time += dur
-        step.kernel_by_name[nid] += dur
-        step.busy_pairs[gpu.device[i]].append((start, start + dur))
-        flag = collective.get(nid)
-        if flag is None:
-            flag = collective[nid] = is_collective(names[nid])
-        if flag:
-            step.collective_time += dur
-    for launch in launch_list:
-        index = view.step_index_at(launch.ts)
-        if index >= 0:
-            steps[index].launches.add(launch.dur)
+    n = len(steps)
+    ts, dur, kind, name, device = view.columns("ts", "dur", "kind", "name", "device")
+    step = view.step_indices(view.launch_ts)
+    inside = step >= 0
+    ends = np.full(n, -np.inf)
+    np.maximum.at(ends, step[inside], (ts + dur)[inside])
+    copy = inside & (kind != Kind.KERNEL)
+    copy_count = np.bincount(step[copy], minlength=n)
+    copy_time = np.bincount(step[copy], weights=dur[copy], minlength=n)
+    kern = np.flatnonzero(inside & (kind == Kind.KERNEL))
+    flags = {nid: is_collective(names[nid]) for nid in np.unique(name[kern]).tolist()}
+    comm = np.array([flags[x] for x in name[kern].tolist()], dtype=bool) if len(kern) else np.zeros(0, dtype=bool)
+    k_step = step[kern]
+    kernel_count = np.bincount(k_step, minlength=n)
+    kernel_time = np.bincount(k_step, weights=dur[kern], minlength=n)
+    collective_time = np.bincount(k_step[comm], weights=dur[kern][comm], minlength=n)
+    for index, s in enumerate(steps):
+        if ends[index] > s.gpu_end:
+            s.gpu_end = float(ends[index])
+        s.copy_count, s.copy_time = int(copy_count[index]), float(copy_time[index])
+        s.kernel_count, s.kernel_time = int(kernel_count[index]), float(kernel_time[index])
+        s.collective_time = float(collective_time[index])
+    for (index,), rows in groups_in_order(k_step):
+        rows = kern[rows]
+        by_name = name_stats(name[rows], dur[rows])
+        steps[index].top_kernel = max(by_name, key=lambda nid: by_name[nid].total)
+        busy = 0
+        for (_device,), part in groups_in_order(device[rows]):
+            busy += intervals.total(intervals.union(ts[rows][part], (ts + dur)[rows][part]))
+        steps[index].busy = busy
+    l_ts, l_dur = launch_calls
+    l_step = view.step_indices(l_ts)
+    for index in np.unique(l_step[l_step >= 0]).tolist():
+        mine = l_dur[l_step == index]
+        steps[index].launches = launch_stats(mine)
     for f in syncs:
         index = view.step_index_at(f.ts)
         if index >= 0:
             steps[index].sync_count += 1
             steps[index].sync_time += f.dur
-    by_number = {step.number: step for step in reversed(steps)}
-    for gap in gaps:
-        owner = by_number.get(gap.step) if gap.step is not None else None
-        if owner is not None:
-            owner.gap_count += 1
-            owner.gap_time += gap.dur
+    first_of = {}
+    for index, s in enumerate(steps):
+        first_of.setdefault(s.number, index)
+    owner = np.array([first_of[s.number] for s in steps])[gaps.step_index] if len(gaps) else np.zeros(0, dtype=np.int64)
+    known = gaps.step_index >= 0 if len(gaps) else np.zeros(0, dtype=bool)
+    gap_count = np.bincount(owner[known], minlength=n)
+    gap_time = np.bincount(owner[known], weights=gaps.dur[known], minlength=n)
+    for index, s in enumerate(steps):
+        s.gap_count, s.gap_time = int(gap_count[index]), float(gap_time[index])
     return steps
 
 
@@ -91,9 +102,9 @@ def to_json(view: ProcessView, steps: Sequence[StepStats], window_start: float) 
     names = view.data.names
     out = []
     for s in steps:
-        busy = sum(intervals.total(intervals.union(pairs)) for pairs in s.busy_pairs.values())
+        busy = s.busy
         span = s.gpu_end - s.ts
-        top_id = max(s.kernel_by_name, key=s.kernel_by_name.__getitem__) if s.kernel_by_name else None
+        top_id = s.top_kernel
         out.append(
             {
                 "process": view.label,

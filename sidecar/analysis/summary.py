@@ -30,7 +30,7 @@ class ProcessResult:
     cpu: cpu.CpuStats
     launches: launches.LaunchStats
     syncs: list[syncs.SyncFinding]
-    gaps: list[gaps.Gap]
+    gaps: gaps.GapPart
     window: tuple[float, float]
     json: dict
 
@@ -60,16 +60,15 @@ def load(path: str | os.PathLike) -> TraceData:
 def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
     window = view.window()
     gpu = kernels.gpu_stats(view, window)
-    busy_all = intervals.union(pair for union in gpu.device_busy.values() for pair in union)
+    busy_all = intervals.union(*intervals.concat(list(gpu.device_busy.values())))
     found_syncs = syncs.find_syncs(view, busy_all)
     found_gaps = gaps.find_gaps(view, gpu, found_syncs, describe_top=top_n)
     comm = collectives.collective_stats(view)
     ops = cpu.cpu_stats(view)
-    launch_list = list(launches.launches(view))
-    launch_stats = launches.LaunchStats()
-    for launch in launch_list:
-        launch_stats.add(launch.dur)
-    step_list = steps.step_stats(view, launch_list, found_syncs, found_gaps)
+    launch_calls = launches.launches(view)
+    launch_stats = launches.launch_stats(launch_calls[1])
+    step_list = steps.step_stats(view, launch_calls, found_syncs, found_gaps)
+    gap_part = gaps.part(view, found_gaps, window[0], top_n)
     body = {
         "label": view.label,
         "pid": view.pid,
@@ -79,13 +78,13 @@ def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
         "window_us": kernels.us(window[1] - window[0]),
         "gpu": kernels.to_json(gpu, top_n),
         "launches": launches.to_json(launch_stats),
-        "gaps": gaps.summarize([(g, window[0], view.label) for g in found_gaps], top_n),
+        "gaps": gaps.summarize([gap_part], top_n),
         "collectives": collectives.to_json(comm, top_n),
         "cpu": cpu.to_json(ops, top_n),
         "syncs": syncs.summarize(found_syncs),
         "steps": steps.to_json(view, step_list, window[0]),
     }
-    return ProcessResult(view.label, gpu, comm, ops, launch_stats, found_syncs, found_gaps, window, body)
+    return ProcessResult(view.label, gpu, comm, ops, launch_stats, found_syncs, gap_part, window, body)
 
 
 def analyze_path(path: str | os.PathLike, top_n: int = 10) -> dict:
@@ -138,7 +137,7 @@ def _summary(path, files: list[dict], results: list[ProcessResult], warnings: li
         "headline": "",
         "gpu": kernels.to_json(gpu, top_n),
         "launches": launches.to_json(launch_stats),
-        "gaps": gaps.summarize([(g, r.window[0], r.view_label) for r in results for g in r.gaps], top_n),
+        "gaps": gaps.summarize([r.gaps for r in results], top_n),
         "collectives": collectives.to_json(comm, top_n),
         "cpu": cpu.to_json(ops, top_n),
         "syncs": syncs.summarize(all_syncs),

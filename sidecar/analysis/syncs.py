@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
+
 from . import intervals
 from .events import Kind, api_base_name, is_pageable_dtoh, memcpy_direction
 from .kernels import us
@@ -90,30 +92,32 @@ class SyncFinding:
     gpu_idle_after: float
 
 
-def find_syncs(view: ProcessView, busy: Sequence[intervals.Interval]) -> list[SyncFinding]:
+def find_syncs(view: ProcessView, busy: intervals.Spans) -> list[SyncFinding]:
     """Every synchronising call of one process, in time order. ``busy``: the union of the
-    process's kernel intervals (all its devices)."""
+    process's kernel intervals (all its devices). Only sync and copy calls are walked in Python;
+    the other runtime calls (launches, mostly) are filtered out by name id first."""
     names = view.data.names
     copy_names = _copy_names(view)
-    busy_starts = [s for s, _ in busy]
     per_name: dict[int, tuple[Optional[str], bool]] = {}  # name id -> (call kind, is a copy call)
     findings: list[SyncFinding] = []
     for tid, thread in view.threads.items():
+        calls = view.runtime_calls(tid)
+        ids = thread.name[calls]
+        for nid in np.unique(ids).tolist():
+            if nid not in per_name:
+                per_name[nid] = (call_kind(names[nid]), api_base_name(names[nid]) in COPY_CALLS)
+        wanted = [nid for nid, (kind, is_copy) in per_name.items() if kind is not None or is_copy]
+        calls = calls[np.isin(ids, wanted)]
         last_copy_was_dtoh = False
-        for i in view.runtime_calls(tid):
-            nid = thread.name[i]
-            info = per_name.get(nid)
-            if info is None:
-                info = per_name[nid] = (call_kind(names[nid]), api_base_name(names[nid]) in COPY_CALLS)
-            kind, is_copy = info
-            gpu_copy = copy_names.get(thread.corr[i]) if is_copy else None
+        for i, nid, start, dur, corr in zip(calls.tolist(), thread.name[calls].tolist(), thread.ts[calls].tolist(), thread.dur[calls].tolist(), thread.corr[calls].tolist()):
+            kind, is_copy = per_name[nid]
+            gpu_copy = copy_names.get(corr) if is_copy else None
             if kind is None and gpu_copy is not None and is_pageable_dtoh(gpu_copy):
                 kind = "pageable_copy"
             if kind is None:
                 if is_copy:
                     last_copy_was_dtoh = gpu_copy is not None and memcpy_direction(gpu_copy) == "DtoH"
                 continue
-            start, dur = thread.ts[i], thread.dur[i]
             site, python, stack = view.enclosing(tid, i)
             findings.append(
                 SyncFinding(
@@ -127,7 +131,7 @@ def find_syncs(view: ProcessView, busy: Sequence[intervals.Interval]) -> list[Sy
                     stack=stack,
                     step=view.step_at(start),
                     after_dtoh_copy=kind == "sync" and last_copy_was_dtoh,
-                    gpu_idle_after=_idle_after(busy, busy_starts, start, start + dur),
+                    gpu_idle_after=_idle_after(busy, start, start + dur),
                 )
             )
             # A pageable DtoH copy is itself the DtoH half of a copy-then-sync pair.
@@ -177,17 +181,14 @@ def summarize(findings: Sequence[SyncFinding], top_sites: int = 5) -> list[dict]
 
 def _copy_names(view: ProcessView) -> dict[int, str]:
     """correlation → GPU memcpy name, for telling a DtoH (pageable) copy from the others."""
-    gpu = view.gpu
     names = view.data.names
-    out: dict[int, str] = {}
-    for i in view.gpu_index:
-        if gpu.kind[i] == Kind.MEMCPY and gpu.corr[i] != -1:
-            out[gpu.corr[i]] = names[gpu.name[i]]
-    return out
+    kind, corr, name = view.columns("kind", "corr", "name")
+    pick = (kind == Kind.MEMCPY) & (corr != -1)
+    return {c: names[n] for c, n in zip(corr[pick].tolist(), name[pick].tolist())}
 
 
-def _idle_after(busy, busy_starts, start: float, end: float) -> float:
-    hole = intervals.idle_around(busy, busy_starts, end)
+def _idle_after(busy: intervals.Spans, start: float, end: float) -> float:
+    hole = intervals.idle_around(busy, end)
     if hole is None:
         return 0.0
     return max(0.0, hole[1] - max(hole[0], start))
