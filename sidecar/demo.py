@@ -34,9 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"demo: logs and traces in {work}")
     with stack:
         print("demo: starting the sidecar and vLLM (about 30 s on CPU) ...", flush=True)
-        stack.start_sidecar()
-        stack.start_vllm()
-        procs = stack.wait_for_processes(3)
+        procs = stack.start().wait_for_processes(3)
         print("demo: engine processes connected: " + ", ".join(p["label"] for p in procs))
 
         stop_traffic = threading.Event()

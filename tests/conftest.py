@@ -23,10 +23,7 @@ def vllm_stack(tiny_model, tmp_path_factory):
     """The sidecar and a real multi-process vLLM OpenAI server with the plugin installed."""
     stack = Stack(model_dir=tiny_model, work_dir=tmp_path_factory.mktemp("stack"))
     try:
-        stack.start_sidecar()
-        stack.start_vllm()
-        stack.wait_for_processes(3, timeout=60)
-        yield stack
+        yield stack.start()
     finally:
         stack.close()
 

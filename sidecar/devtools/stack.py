@@ -152,6 +152,13 @@ class Stack:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
 
+    def start(self, processes: int = 3, vllm_timeout: float = 240) -> "Stack":
+        """The sidecar, then vLLM, then wait for its processes to connect (API server, engine core, worker)."""
+        self.start_sidecar()
+        self.start_vllm(timeout=vllm_timeout)
+        self.wait_for_processes(processes, timeout=60)
+        return self
+
     def close(self) -> None:
         self.stop_vllm()
         self.stop_sidecar()

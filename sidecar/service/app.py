@@ -73,12 +73,7 @@ async def errors_and_auth(request: web.Request, handler):
 # -- captures -----------------------------------------------------------------------------------------
 @routes.route("*", "/profile/start")
 async def profile_start(request: web.Request) -> web.Response:
-    if request.method not in ("GET", "POST"):
-        return json_error(405, "method_not_allowed", "use GET or POST")
-    params = dict(request.query)
-    if request.method == "POST" and request.can_read_body:
-        params.update(await _body_params(request))
-    capture_request = parse_capture_request(params, request.app[SETTINGS].max_steps)
+    capture_request = parse_capture_request(await _start_params(request), request.app[SETTINGS].max_steps)
     manager = request.app[CAPTURES]
     scan = request.app[SCANS].active
     if scan is not None:  # the profiler would record the detector's own overhead
@@ -96,6 +91,16 @@ async def profile_start(request: web.Request) -> web.Response:
          "processes": [p.label for p in capture.processes]},
         status=202,
     )
+
+
+async def _start_params(request: web.Request) -> dict[str, str]:
+    """Parameters of a start request: the query string, plus a form or JSON body on POST."""
+    if request.method not in ("GET", "POST"):
+        raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"], text="use GET or POST")
+    params = dict(request.query)
+    if request.method == "POST" and request.can_read_body:
+        params.update(await _body_params(request))
+    return params
 
 
 async def _body_params(request: web.Request) -> dict[str, str]:
@@ -175,12 +180,7 @@ async def profiles(request: web.Request) -> web.Response:
 # -- hidden-sync scans -------------------------------------------------------------------------------
 @routes.route("*", "/sync/start")
 async def sync_start(request: web.Request) -> web.Response:
-    if request.method not in ("GET", "POST"):
-        return json_error(405, "method_not_allowed", "use GET or POST")
-    params = dict(request.query)
-    if request.method == "POST" and request.can_read_body:
-        params.update(await _body_params(request))
-    scan_request = parse_scan_request(params, request.app[SETTINGS].max_steps)
+    scan_request = parse_scan_request(await _start_params(request), request.app[SETTINGS].max_steps)
     capture = request.app[CAPTURES].active
     if capture is not None:
         return json_error(409, "capture_in_progress", f"capture {capture.id} is {capture.state}; wait for it or "

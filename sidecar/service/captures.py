@@ -28,6 +28,7 @@ from typing import Any, Callable
 from ..protocol import P_ARMED, P_CAPTURING, P_DONE, P_EXPORTING, P_FAILED, CaptureSpec
 from . import merge
 from .params import CaptureRequest
+from .jobs import OneJobAtATime
 from .registry import ProbeConnection, ProbeRegistry
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def new_capture_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-class CaptureManager:
+class CaptureManager(OneJobAtATime):
     def __init__(
         self,
         registry: ProbeRegistry,
@@ -157,6 +158,7 @@ class CaptureManager:
         stop_grace_s: float = STOP_GRACE_S,
         on_finished: Callable[[Capture], None] | None = None,
     ) -> None:
+        super().__init__()
         self._on_finished = on_finished
         self._stop_grace_s = stop_grace_s
         self._registry = registry
@@ -165,8 +167,6 @@ class CaptureManager:
         self._max_bytes = max_capture_bytes
         self._keep = keep
         self._captures: "OrderedDict[str, Capture]" = OrderedDict()
-        self._active: Capture | None = None
-        self._tasks: set[asyncio.Task] = set()
 
     # -- queries ------------------------------------------------------------------------------------
     def get(self, capture_id: str) -> Capture | None:
@@ -175,9 +175,6 @@ class CaptureManager:
     def recent(self) -> list[Capture]:
         return list(reversed(self._captures.values()))
 
-    @property
-    def active(self) -> Capture | None:
-        return self._active
 
     # -- start / stop -------------------------------------------------------------------------------
     async def start(self, request: CaptureRequest) -> Capture:
@@ -316,12 +313,6 @@ class CaptureManager:
             self._spawn(self._finalize(capture))
 
     # -- timers -------------------------------------------------------------------------------------
-    async def _watch_timeout(self, capture: Capture) -> None:
-        try:
-            await asyncio.wait_for(capture.done_event.wait(), capture.request.timeout_s)
-        except asyncio.TimeoutError:
-            if capture is self._active:
-                await self._request_stop(capture, f"timeout after {capture.request.timeout_s:g} s")
 
     async def _give_up_after_grace(self, capture: Capture) -> None:
         await asyncio.sleep(self._stop_grace_s)
@@ -391,12 +382,4 @@ class CaptureManager:
             self._captures.pop(old.id, None)
             shutil.rmtree(old.dir, ignore_errors=True)
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from ..syncs.allowlist import EXPECTED, HIDDEN
 from ..syncs.report import merge_reports, new_sites
 from .params import ScanRequest
+from .jobs import OneJobAtATime
 from .registry import ProbeConnection, ProbeRegistry
 
 log = logging.getLogger(__name__)
@@ -75,21 +76,17 @@ class Scan:
         }
 
 
-class ScanManager:
+class ScanManager(OneJobAtATime):
     def __init__(self, registry: ProbeRegistry, store_dir: Path, keep: int, stop_grace_s: float = 10.0,
                  on_finished: Callable[[Scan], None] | None = None) -> None:
+        super().__init__()
         self._registry = registry
         self._dir = store_dir
         self._keep = keep
         self._grace = stop_grace_s
         self._on_finished = on_finished
         self._scans: "OrderedDict[str, Scan]" = OrderedDict()
-        self._active: Scan | None = None
-        self._tasks: set[asyncio.Task] = set()
 
-    @property
-    def active(self) -> Scan | None:
-        return self._active
 
     def get(self, scan_id: str) -> Scan | None:
         return self._scans.get(scan_id)
@@ -215,12 +212,6 @@ class ScanManager:
         except (OSError, ValueError):
             return None
 
-    async def _watch_timeout(self, scan: Scan) -> None:
-        try:
-            await asyncio.wait_for(scan.done_event.wait(), scan.request.timeout_s)
-        except asyncio.TimeoutError:
-            if scan is self._active:
-                await self._request_stop(scan, f"timeout after {scan.request.timeout_s:g} s")
 
     async def _give_up_after_grace(self, scan: Scan) -> None:
         await asyncio.sleep(self._grace)
@@ -231,12 +222,4 @@ class ScanManager:
                 proc.state, proc.error = "lost", "did not stop within the grace period (idle engine?)"
         self._maybe_finish(scan)
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -22,10 +22,7 @@ def planted_stack(tmp_path_factory):
     stack = Stack(model_dir=model, work_dir=tmp_path_factory.mktemp("planted-stack"),
                   env={"SIDECAR_SYNC_TREAT_CPU_AS_DEVICE": "1"})
     try:
-        stack.start_sidecar()
-        stack.start_vllm()
-        stack.wait_for_processes(3, timeout=60)
-        yield stack
+        yield stack.start()
     finally:
         stack.close()
 
