@@ -124,12 +124,19 @@ class Collector:
         self._gpu: list[tuple] = []
 
     def _intern(self, values: list, table: dict, on_new) -> np.ndarray:
-        """Ids for ``values``; new ones numbered in order of first appearance (dict.fromkeys
-        keeps that order and runs in C), so every later "first seen" order matches the file's."""
-        for value in dict.fromkeys(values):
-            if value not in table:
-                table[value] = on_new(value)
-        return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values))
+        """Ids for ``values``: one C-level lookup pass; values not seen before (rare after the
+        first batches) are numbered in order of first appearance, so every later "first seen"
+        order matches the file's."""
+        ids = np.fromiter(map(table.get, values, repeat(-1)), dtype=np.int32, count=len(values))
+        missing = np.flatnonzero(ids < 0)
+        if len(missing):
+            for i in missing.tolist():
+                value = values[i]
+                found = table.get(value)
+                if found is None:
+                    found = table[value] = on_new(value)
+                ids[i] = found
+        return ids
 
     def _name_column(self, names: list) -> np.ndarray:
         if not set(map(type, names)) <= {str}:  # 12345 and "12345" must share one id
