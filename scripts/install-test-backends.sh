@@ -4,7 +4,8 @@
 #   - check-jsonschema: validates docker-compose.yml against the compose specification's schema
 #   - opentelemetry-exporter-prometheus: the reference for the sidecar's metric name translation
 #   - grafana-foundation-sdk (pinned build): dashboards/generate.py
-#   - arize-phoenix: a real OTLP trace backend for the end-to-end trace test (SKIP_PHOENIX=1 to leave it out)
+#   - arize-phoenix: a real OTLP trace backend for the end-to-end trace test (SKIP_PHOENIX=1 to leave it out),
+#     in its own virtual environment .venv/phoenix: it needs fastapi>=0.142, vLLM 0.32 pins fastapi<0.137
 set -euo pipefail
 PYTHON="${PYTHON:-.venv/bin/python}"
 
@@ -18,8 +19,12 @@ fi
 # The Debian package starts a system Prometheus on :9090 where systemd runs; the tests start their own.
 
 pkgs=(check-jsonschema "opentelemetry-exporter-prometheus==0.66b2" "grafana-foundation-sdk==1769699379!11.6.0")
-if [ "${SKIP_PHOENIX:-0}" != "1" ]; then
-  pkgs+=(arize-phoenix)
-fi
 "$PYTHON" -m pip install --quiet "${pkgs[@]}"
+if [ "${SKIP_PHOENIX:-0}" != "1" ]; then
+  PHOENIX_VENV="$(dirname "$(dirname "$PYTHON")")/phoenix"
+  if ! "$PHOENIX_VENV/bin/python" -c "import phoenix.server.main" 2>/dev/null; then
+    "$PYTHON" -m venv "$PHOENIX_VENV" 2>/dev/null || python3 -m venv "$PHOENIX_VENV"
+    "$PHOENIX_VENV/bin/python" -m pip install --quiet arize-phoenix
+  fi
+fi
 echo "test backends ready: $(prometheus --version 2>&1 | head -1)"

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from .. import __version__, auth
-from .export import BoundedSpanProcessor
+from .export import DROP_EXPORT_FAILED, DROP_QUEUE_FULL, DROP_SHUTDOWN, BoundedSpanProcessor
 from .gpu import GpuSampler
 from .inflight import PresetIdGenerator
 from .instruments import SPANS_DROPPED, RequestInstruments, StepInstruments
@@ -118,6 +118,8 @@ class Telemetry:
             exporter = span_exporter or _otlp_span_exporter(settings.traces_protocol)
             dropped = self.meter.create_counter(SPANS_DROPPED, unit="{span}",
                                                 description="Spans dropped before export, by reason.")
+            for reason in (DROP_QUEUE_FULL, DROP_EXPORT_FAILED, DROP_SHUTDOWN):
+                dropped.add(0, {"reason": reason})  # the series exist at 0 from the start: "no drops" is data
             self.span_processor = BoundedSpanProcessor(
                 exporter, max_queue_size=settings.span_queue_size, max_batch_size=settings.span_batch_size,
                 schedule_delay_s=settings.span_schedule_delay_ms / 1000,

@@ -1,22 +1,21 @@
-"""Ready-made pieces for the end-to-end telemetry test against real vLLM (the lead's tests/e2e).
+"""Pieces of the end-to-end telemetry tests against real vLLM (test_vllm_live.py).
 
 - ``Phoenix``: starts Arize Phoenix (a real OTLP trace backend) on 127.0.0.1 and reads spans back.
+- ``Prometheus``: starts a real Prometheus scraping given targets on 127.0.0.1 and queries it.
+- ``send_request``: one completion, streaming or not, optionally with a W3C traceparent; the id the
+  server answered with and the time to first token the client saw.
 - ``check_request_span_trees``: N requests → N span trees with the right names, links and attributes,
   and TTFT within ``tolerance_s`` of what the client measured.
 - ``check_request_histograms``: Prometheus histogram counts equal the number of requests.
-
-Use: start Phoenix, start vLLM with OTEL_EXPORTER_OTLP_ENDPOINT=phoenix.otlp_http_endpoint and
-OTEL_BSP_SCHEDULE_DELAY=200, send N requests (some with a W3C traceparent), then
-``check_request_span_trees(phoenix.wait_for_spans(4 * N), ...)``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
+
+import aiohttp
 
 
 def _free_port() -> int:
@@ -54,8 +55,20 @@ class Span:
     attributes: dict[str, Any]
 
 
+ROOT = Path(__file__).resolve().parents[2]
+# Phoenix needs a newer FastAPI than vLLM allows, so it lives in its own virtual environment
+# (scripts/install-test-backends.sh); $PHOENIX_PYTHON names another interpreter that has it.
+PHOENIX_VENV_PYTHON = ROOT / ".venv" / "phoenix" / "bin" / "python"
+
+
+def phoenix_python() -> str:
+    python = os.environ.get("PHOENIX_PYTHON") or str(PHOENIX_VENV_PYTHON)
+    assert Path(python).exists(), f"{python} missing: run scripts/install-test-backends.sh"
+    return python
+
+
 class Phoenix:
-    """Arize Phoenix on loopback ports, its data in ``work_dir``; stop() ends it."""
+    """Arize Phoenix on loopback ports (HTTP and gRPC), its data in ``work_dir``; stop() ends it."""
 
     def __init__(self, work_dir: Path) -> None:
         self.http_port, self.grpc_port = _free_port(), _free_port()
@@ -63,7 +76,7 @@ class Phoenix:
                "PHOENIX_GRPC_HOST": "127.0.0.1", "PHOENIX_GRPC_PORT": str(self.grpc_port),
                "PHOENIX_WORKING_DIR": str(work_dir), "PHOENIX_TELEMETRY_ENABLED": "false"}
         self._log = open(work_dir / "phoenix.log", "wb")
-        self._proc = subprocess.Popen([sys.executable, "-m", "phoenix.server.main", "serve"], env=env,
+        self._proc = subprocess.Popen([phoenix_python(), "-m", "phoenix.server.main", "serve"], env=env,
                                       stdout=self._log, stderr=subprocess.STDOUT)
         self.base = f"http://127.0.0.1:{self.http_port}"
         self.otlp_http_endpoint = self.base  # OTEL_EXPORTER_OTLP_ENDPOINT (the SDK appends /v1/traces)
@@ -120,7 +133,8 @@ def _iso_seconds(value: str) -> float:
 
 def check_request_span_trees(spans: list[Span], *, n: int, model: str, operation: str = "chat",
                              client_ttft_s: Mapping[str, float] | None = None, tolerance_s: float = 0.01,
-                             callers: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Span]:
+                             callers: Mapping[str, tuple[str, str]] | None = None,
+                             request_ids: set[str] | None = None) -> dict[str, Span]:
     """Assert ``n`` request trees; returns the request spans by gen_ai.response.id.
 
     ``client_ttft_s``: request id → TTFT the client measured (streaming), compared within ``tolerance_s``
@@ -154,14 +168,105 @@ def check_request_span_trees(spans: list[Span], *, n: int, model: str, operation
     return by_id
 
 
-def check_request_histograms(prometheus_base: str, n: int, successful: int | None = None) -> None:
-    """Histogram counts on a Prometheus that scraped the sidecar equal the requests sent."""
-    def value(expr: str) -> float:
-        url = f"{prometheus_base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=10) as response:
-            result = json.load(response)["data"]["result"]
-        return float(result[0]["value"][1]) if result else 0.0
+REQUEST_COUNTS = ("sum(gen_ai_server_request_duration_seconds_count)",
+                  "sum(gen_ai_server_time_to_first_token_seconds_count)", "sum(sidecar_requests_total)")
 
-    assert value("sum(gen_ai_server_request_duration_seconds_count)") == n
-    assert value("sum(gen_ai_server_time_to_first_token_seconds_count)") == (n if successful is None else successful)
-    assert value("sum(sidecar_requests_total)") == n
+
+def prometheus_value(prometheus_base: str, expr: str) -> float:
+    url = f"{prometheus_base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        result = json.load(response)["data"]["result"]
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def check_request_histograms(prometheus_base: str, n: int, successful: int | None = None,
+                             baseline: Mapping[str, float] | None = None) -> None:
+    """Histogram counts on a Prometheus that scraped the sidecar equal the requests sent (plus
+    ``baseline``, the values of REQUEST_COUNTS before them)."""
+    base = baseline or {}
+    duration, ttft, requests = REQUEST_COUNTS
+    assert prometheus_value(prometheus_base, duration) == base.get(duration, 0) + n
+    assert prometheus_value(prometheus_base, ttft) == base.get(ttft, 0) + (n if successful is None else successful)
+    assert prometheus_value(prometheus_base, requests) == base.get(requests, 0) + n
+
+
+class Prometheus:
+    """A real Prometheus on a loopback port scraping ``targets`` every ``interval_s``."""
+
+    def __init__(self, work_dir: Path, targets: list[str], interval_s: float = 1.0) -> None:
+        binary = shutil.which("prometheus")
+        assert binary, "prometheus not installed: run scripts/install-test-backends.sh"
+        port = _free_port()
+        config = work_dir / "prometheus.yml"
+        config.write_text(f"global:\n  scrape_interval: {round(interval_s * 1000)}ms\nscrape_configs:\n  - job_name: sidecar\n"
+                          f"    static_configs:\n      - targets: {json.dumps(targets)}\n")
+        self._log = open(work_dir / "prometheus.log", "wb")
+        self._proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={work_dir / 'tsdb'}",
+                                       f"--web.listen-address=127.0.0.1:{port}"], stdout=self._log,
+                                      stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{port}"
+
+    def query(self, expr: str) -> list:
+        assert self._proc.poll() is None, f"prometheus exited with {self._proc.returncode}; see prometheus.log"
+        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    def value(self, expr: str) -> float:
+        return prometheus_value(self.base, expr)
+
+    def wait_for(self, expr: str, value: float, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                last = self.value(expr)
+                if last == value:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"{expr} is {last}, expected {value}")
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        self._log.close()
+
+
+@dataclass
+class ClientRequest:
+    request_id: str
+    stream: bool
+    ttft_s: float | None  # streaming only: request sent → first chunk with text
+    tokens: int
+
+
+async def send_request(session: aiohttp.ClientSession, url: str, model: str, prompt: str, *, max_tokens: int,
+                       stream: bool, headers: Mapping[str, str] | None = None) -> ClientRequest:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream, "temperature": 0.0,
+            "ignore_eos": True}
+    start = time.perf_counter()
+    async with session.post(f"{url}/v1/completions", json=body, headers=dict(headers or {})) as response:
+        assert response.status == 200, await response.text()
+        if not stream:
+            data = await response.json()
+            return ClientRequest(data["id"], False, None, data["usage"]["completion_tokens"])
+        request_id, ttft, tokens = None, None, 0
+        async for raw in response.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            request_id = chunk["id"]
+            if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+                tokens += 1
+        assert request_id is not None
+        return ClientRequest(request_id, True, ttft, tokens)

@@ -62,7 +62,9 @@ def test_drops_reach_the_dropped_spans_counter():
     telemetry.span_processor.force_flush(5000)
     points = metric_points(reader, "sidecar.telemetry.spans.dropped")
     assert sum(p.value for p in points) == 5
-    assert {p.attributes["reason"] for p in points} <= {"queue_full", "export_failed"}
+    # Every reason exists from the start (at 0), so "no drops" is data on a dashboard; none at shutdown here.
+    assert {p.attributes["reason"] for p in points} == {"queue_full", "export_failed", "shutdown"}
+    assert sum(p.value for p in points if p.attributes["reason"] == "shutdown") == 0
 
 
 def test_settings_from_standard_environment():

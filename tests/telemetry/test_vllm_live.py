@@ -1,0 +1,182 @@
+"""Request telemetry of a real multi-process vLLM server: spans in a real OTLP backend (Arize Phoenix),
+metrics scraped by a real Prometheus, step metrics from the real worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from sidecar.client import SidecarClient
+
+from .e2e import REQUEST_COUNTS, Prometheus, check_request_histograms, check_request_span_trees, send_request
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_METRICS = ("hw_gpu_", "hw_power_", "hw_temperature_")  # NVML: no driver on these hosts
+PROMPT = "the engine worker profile step"
+
+
+def _sidecar_metrics(stack) -> str:
+    with urllib.request.urlopen(f"{stack.sidecar_url}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def _worker_steps(stack) -> tuple[float, float]:
+    """(count, sum) of the worker's step duration histogram at the sidecar."""
+    text = _sidecar_metrics(stack)
+
+    def total(name: str) -> float:
+        return sum(float(m.group(1)) for m in re.finditer(
+            rf'^{name}{{[^}}]*sidecar_process_role="worker"[^}}]*}} (\S+)$', text, re.M))
+
+    return total("sidecar_step_duration_seconds_count"), total("sidecar_step_duration_seconds_sum")
+
+
+def _mean_worker_step_s(stack, at_least: int, timeout_s: float = 15.0) -> float:
+    """Mean worker step once the sidecar holds at least ``at_least`` steps (drain 1 s + push 0.5 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        count, total = _worker_steps(stack)
+        if count >= at_least:
+            return total / count
+        assert time.monotonic() < deadline, f"{count} worker steps at the sidecar, expected {at_least} or more"
+        time.sleep(0.3)
+
+
+async def _traffic(stack, specs):
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        return await asyncio.gather(*(send_request(session, stack.vllm_url, stack.served_name, PROMPT,
+                                                   max_tokens=tokens, stream=stream, headers=headers)
+                                      for stream, tokens, headers in specs))
+
+
+def test_request_span_trees_in_phoenix(traced_stack, phoenix):
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    specs = [(True, 16, None), (True, 24, None), (False, 12, None), (False, 1, None),
+             (True, 8, {"traceparent": f"00-{trace_id}-{span_id}-01"})]
+    # Sequential, so each client TTFT is not queued behind another request's prefill.
+    sent = [asyncio.run(_traffic(traced_stack, [spec]))[0] for spec in specs]
+    assert len({r.request_id for r in sent}) == len(specs)
+    # Every request: a root, queue, prefill, and decode when it produced more than one token.
+    want = sum(4 if r.tokens > 1 else 3 for r in sent)
+    deadline = time.monotonic() + 60
+    while True:
+        spans = phoenix.spans()
+        ids = _engine_ids(sent, spans)
+        roots = {s.span_id for s in spans if s.attributes.get("gen_ai.response.id") in ids.values()}
+        mine = [s for s in spans if s.span_id in roots or s.parent_id in roots]
+        if len(mine) >= want or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(mine) == want, f"{len(mine)} spans in Phoenix for {len(specs)} requests, expected {want}"
+    # Sequential requests: each generated token took a worker step of its own.
+    step_s = _mean_worker_step_s(traced_stack, at_least=sum(r.tokens for r in sent))
+    tolerance = 0.005 + step_s
+    server_ttft = {s.attributes["gen_ai.response.id"]: s.attributes.get("gen_ai.response.time_to_first_chunk")
+                   for s in mine if s.parent_id is None or s.parent_id == span_id}
+    diffs = {r.request_id: round(server_ttft[ids[r.request_id]] - r.ttft_s, 4) for r in sent if r.stream}
+    print(f"server minus client TTFT (s): {diffs}; tolerance {tolerance:.4f} s (mean worker step {step_s:.4f} s)")
+    by_id = check_request_span_trees(
+        mine, n=len(specs), model=traced_stack.served_name, operation="text_completion",
+        request_ids=set(ids.values()), client_ttft_s={ids[r.request_id]: r.ttft_s for r in sent if r.stream},
+        tolerance_s=tolerance, callers={ids[sent[-1].request_id]: (trace_id, span_id)})
+    by_id = {client_id: by_id[engine_id] for client_id, engine_id in ids.items()}
+    for r in sent:
+        attrs = by_id[r.request_id].attributes
+        assert attrs["gen_ai.usage.output_tokens"] == r.tokens
+        assert attrs["gen_ai.usage.input_tokens"] > 0
+        assert list(attrs["gen_ai.response.finish_reasons"]) == ["length"]
+        assert attrs["gen_ai.provider.name"] == "vllm"
+    # Requests without a traceparent start their own trace.
+    assert len({by_id[r.request_id].trace_id for r in sent}) == len(sent)
+    assert all(by_id[r.request_id].parent_id is None for r in sent[:-1])
+    # The client's TTFT contains the server's (arrival → first token) plus HTTP and rendering around it.
+    assert all(d <= 0.001 for d in diffs.values()), diffs
+
+
+def _engine_ids(sent, spans) -> dict[str, str]:
+    """Client-visible id → the engine request id on the span: vLLM's completions endpoint runs prompt i
+    of request ``cmpl-X`` as engine request ``cmpl-X-i``."""
+    seen = {s.attributes.get("gen_ai.response.id") for s in spans} - {None}
+    out = {}
+    for r in sent:
+        match = [i for i in seen if i == r.request_id or i.startswith(r.request_id + "-")]
+        if match:
+            assert len(match) == 1, match
+            out[r.request_id] = match[0]
+    return out
+
+
+def _dashboard_queries() -> list[str]:
+    dashboard = json.loads((ROOT / "dashboards/inference-sidecar.json").read_text())
+    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def test_prometheus_scrapes_live_server_and_dashboards_have_data(traced_stack, tmp_path, background_load):
+    sidecar = traced_stack.sidecar_url.removeprefix("http://")
+    prometheus = Prometheus(tmp_path, [sidecar], interval_s=0.5)
+    try:
+        # What earlier tests left on this server; the counts below are on top of it.
+        time.sleep(1.5)  # past one metrics push, so the sidecar holds every finished request
+        baseline = {expr: prometheus.value(expr) for expr in REQUEST_COUNTS} if _wait_up(prometheus) else {}
+        with background_load(traced_stack, concurrency=4, duration_s=8.0, max_tokens=24) as load:
+            time.sleep(1.0)
+            # A real capture while the load runs (the dashboards' capture panels), and one request the
+            # client abandons after its first token (error.type=aborted).
+            client = SidecarClient(traced_stack.sidecar_url)
+            capture = client.wait(client.start(steps=3)["id"], timeout=60)
+            assert capture["state"] == "done", capture
+            asyncio.run(_abandon_after_first_token(traced_stack))
+        result = load.join()
+        assert not result.failures, result.failures[:3]
+        n = len(result.results)
+        assert n >= 4
+        total = baseline[REQUEST_COUNTS[0]] + n + 1
+        prometheus.wait_for(REQUEST_COUNTS[0], total, timeout_s=30)
+        check_request_histograms(prometheus.base, n + 1, successful=n, baseline=baseline)
+        prometheus.wait_for('sum(sidecar_requests_total{error_type="aborted"})', 1)
+        # Worker steps: at least one per generated token after the first, batch sizes up to the load's.
+        assert prometheus.value('sum(sidecar_step_duration_seconds_count{sidecar_process_role="worker"})') >= \
+            result.tokens / 4
+        assert prometheus.value('max(histogram_quantile(1, sum by (le) (sidecar_step_batch_size_bucket)))') >= 2
+        roles = {r["metric"]["sidecar_process_role"] for r in prometheus.query(
+            "count by (sidecar_process_role) (process_memory_usage_bytes)")}
+        assert roles == {"api_server", "engine_core", "worker"}
+        time.sleep(2.0)  # two more scrapes, so rate() over the range has points after the load
+        empty = [e for e in _dashboard_queries() if not prometheus.query(e.replace("$__rate_interval", "1m"))]
+        gpu = [e for e in _dashboard_queries() if any(m in e for m in GPU_METRICS)]
+        assert gpu, "the dashboards have GPU panels"
+        assert sorted(empty) == sorted(gpu), f"without data: {sorted(set(empty) ^ set(gpu))}"
+    finally:
+        prometheus.stop()
+
+
+async def _abandon_after_first_token(stack) -> None:
+    body = {"model": stack.served_name, "prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{stack.vllm_url}/v1/completions", json=body) as response:
+            async for raw in response.content:
+                if raw.startswith(b"data:"):
+                    break  # leaving the block closes the connection: vLLM aborts the request
+
+
+def _wait_up(prometheus: Prometheus, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if prometheus.query('up{job="sidecar"} == 1') and prometheus.value(REQUEST_COUNTS[0]) >= 0:
+                time.sleep(1.0)  # one more scrape with the latest push
+                return True
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError("prometheus never scraped the sidecar")
