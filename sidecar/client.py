@@ -7,9 +7,6 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +29,10 @@ class SidecarClient:
         self.timeout = timeout
 
     def request(self, method: str, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        import urllib.error  # imported here: every `sidecar` sub-command loads this module to register
+        import urllib.parse
+        import urllib.request
+
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
         req = urllib.request.Request(self.url + path + query, method=method)
         if self.token:
@@ -67,6 +68,8 @@ class SidecarClient:
         return self.request("GET", f"/profile/{capture_id}/summary")
 
     def download(self, path: str, dest: Path) -> Path:
+        import urllib.request
+
         req = urllib.request.Request(self.url + path)
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from .. import auth, config
+from .. import config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +37,7 @@ def _is_loopback(host: str) -> bool:
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from .. import auth
     from .app import ServiceSettings, make_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
