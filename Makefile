@@ -14,7 +14,7 @@ demo: install model
 	$(PY) -m sidecar.demo --model $(MODEL)
 
 test: install
-	@SKIP_PHOENIX=1 bash scripts/install-test-backends.sh
+	@bash scripts/install-test-backends.sh
 	$(PY) -m pytest -q -ra
 
 bench: install

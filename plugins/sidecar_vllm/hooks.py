@@ -56,12 +56,12 @@ def _patch(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
     setattr(cls, name, wrapped)
 
 
-def _attach_probe(obj: Any, role: str, rank: int | None, loop=None) -> Probe | None:
+def _attach_probe(obj: Any, role: str, rank: int | None, **probe_kwargs: Any) -> Probe | None:
     """Give ``obj`` its probe once; a failure is stored as None so it is not retried every step."""
     if PROBE_ATTR in obj.__dict__:
         return obj.__dict__[PROBE_ATTR]
     try:
-        probe = Probe(role, rank, engine=_engine_version(), loop=loop).start()
+        probe = Probe(role, rank, engine=_engine_version(), **probe_kwargs).start()
     except Exception as exc:
         log.warning("inference-sidecar: probe not started in %s: %s", role, exc)
         probe = None
@@ -185,13 +185,16 @@ def _wrap_async_llm_init(original):
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        _attach_probe(self, ROLE_API_SERVER, None, loop=loop)
+        logger = None
         try:
             from .stat_logger import attach_to_async_llm
 
-            attach_to_async_llm(self)
+            logger = attach_to_async_llm(self)
         except Exception as exc:
             log.warning("inference-sidecar: request telemetry not attached to the engine: %s", exc)
+        # The API server's capture window ends in a capture span linked to the requests in flight.
+        on_report = logger.captures.on_report if logger is not None and logger.captures is not None else None
+        _attach_probe(self, ROLE_API_SERVER, None, loop=loop, on_capture_report=on_report)
 
     return __init__
 

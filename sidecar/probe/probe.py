@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from .. import config
 from ..protocol import ProcessIdentity, CaptureSpec
@@ -42,6 +42,7 @@ class Probe:
         endpoint: str | None = None,
         loop=None,
         cuda_available: bool | None = None,
+        on_capture_report: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if cuda_available is None:
             cuda_available = _cuda_available()
@@ -52,6 +53,7 @@ class Probe:
         self._capture: StepCapture | None = None
         self._scan = None  # a sidecar.syncs.SyncScan while a hidden-sync scan runs
         self._loop = loop  # asyncio loop for window captures (API server)
+        self._on_capture_report = on_capture_report  # also told of window captures (capture spans)
         self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-sidecar-export")
         self._link = SidecarLink(
             endpoint or config.endpoint(),
@@ -141,7 +143,7 @@ class Probe:
             self._link.send({"type": "capture", "capture_id": spec.id, "state": "armed",
                              "steps_recorded": 0, "steps_seen": self.steps})
         elif self._loop is not None:
-            capture = WindowCapture(spec, path, self._link.send, self._exporter, self._loop, self.identity.cuda)
+            capture = WindowCapture(spec, path, self._report_window, self._exporter, self._loop, self.identity.cuda)
             self._capture = capture
             capture.start_window()
         else:
@@ -162,6 +164,14 @@ class Probe:
         except Exception as exc:
             self._link.send({"type": "sync", "scan_id": spec.id, "state": "failed", "steps_recorded": 0,
                              "error": f"cannot start a scan here: {exc}"})
+
+    def _report_window(self, msg: dict[str, Any]) -> None:
+        self._link.send(msg)
+        if self._on_capture_report is not None:
+            try:
+                self._on_capture_report(msg)
+            except Exception:
+                log.debug("inference-sidecar: capture report callback failed", exc_info=True)
 
     def _on_disconnect(self) -> None:
         capture = self._capture

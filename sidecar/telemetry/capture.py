@@ -42,6 +42,8 @@ def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[S
     if capture.trace_url:
         attrs["sidecar.capture.trace_url"] = capture.trace_url
     links = [Link(ctx, {"sidecar.link": "request_in_flight"}) for ctx in in_flight if ctx.is_valid]
+    # Not every backend shows links (Phoenix's REST API drops them): the count travels as an attribute.
+    attrs["sidecar.capture.linked_requests"] = len(links)
     span = tracer.start_span(SPAN_CAPTURE, context=Context(), kind=SpanKind.INTERNAL, attributes=attrs,
                              links=links, start_time=to_ns(capture.started_at))
     if capture.error:

@@ -94,6 +94,18 @@ class Phoenix:
                 time.sleep(0.3)
         raise TimeoutError("phoenix did not become ready")
 
+    def raw_spans(self, project: str = "default") -> list[dict]:
+        """The span objects as Phoenix's REST API returns them (links included)."""
+        out, cursor = [], None
+        while True:
+            url = f"{self.base}/v1/projects/{project}/spans?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+            with urllib.request.urlopen(url, timeout=10) as response:
+                body = json.load(response)
+            out.extend(body.get("data", []))
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return out
+
     def spans(self, project: str = "default") -> list[Span]:
         out, cursor = [], None
         while True:

@@ -88,7 +88,7 @@ def test_capture_span_links_requests_in_flight_and_carries_the_sidecar_result():
     assert span.name == "sidecar capture"
     assert dict(span.attributes) == {
         "sidecar.capture.id": "c1", "sidecar.capture.state": "done", "sidecar.capture.steps": 5,
-        "sidecar.capture.processes": 3, "sidecar.capture.bytes": 12345,
+        "sidecar.capture.processes": 3, "sidecar.capture.linked_requests": 2, "sidecar.capture.bytes": 12345,
         "sidecar.capture.trace_url": "http://127.0.0.1:8787/profile/c1/trace"}
     assert {link.context.span_id for link in span.links} == {running.span_id, during.span_id}
     assert before.span_id not in {link.context.span_id for link in span.links}
