@@ -33,17 +33,25 @@ class BackgroundLoad:
 
     def __init__(self, stack: Stack, concurrency: int, duration_s: float, max_tokens: int = 48) -> None:
         self.result: LoadResult | None = None
+        self._stop = threading.Event()
         self._thread = threading.Thread(
             target=lambda: setattr(self, "result", asyncio.run(run_load(
-                stack.vllm_url, stack.served_name, concurrency=concurrency, duration_s=duration_s, max_tokens=max_tokens))),
+                stack.vllm_url, stack.served_name, concurrency=concurrency, duration_s=duration_s,
+                max_tokens=max_tokens, stop=self._stop))),
             daemon=True,
         )
+
+    def stop(self) -> None:
+        """End the load early (clients finish the request they are streaming)."""
+        self._stop.set()
 
     def __enter__(self) -> "BackgroundLoad":
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:  # the test failed inside the block: do not keep loading the server
+            self._stop.set()
         self._thread.join(timeout=300)
 
     def join(self) -> LoadResult:

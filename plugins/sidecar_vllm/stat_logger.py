@@ -10,6 +10,9 @@ logger what it needs alongside the ``IterationStats`` it already receives:
   parameters, token counts, and ``RequestStateStats`` with the engine's own timestamps).
 - ``OutputProcessor.abort_requests`` / ``process_outputs``: requests aborted by the client never reach
   the stats; they are handed over with the next batch of outputs, with ``error.type=aborted``.
+- ``OpenAIServingCompletion.create_completion`` / ``OpenAIServingChat.create_chat_completion``: when
+  the server received the request, so spans and time to first token include the prompt's parsing,
+  templating and tokenization, which vLLM's own ``arrival_time`` leaves out.
 - ``AsyncLLM.add_request`` / ``OutputProcessor.add_request``: the incoming W3C ``traceparent``.
   vLLM 0.32 passes ``trace_headers`` from the OpenAI server to ``AsyncLLM.add_request`` and drops them
   there unless its own ``--otlp-traces-endpoint`` is set; the patch keeps them (in a ContextVar for the
@@ -59,6 +62,10 @@ IN_FLIGHT_ATTR = "_inference_sidecar_in_flight"  # on an OutputProcessor: its In
 SPAN_ATTR = "_inference_sidecar_span_context"  # on a RequestState: the request span's ids, chosen on arrival
 
 _TRACE_HEADERS: contextvars.ContextVar = contextvars.ContextVar("inference_sidecar_trace_headers", default=None)
+# When the OpenAI handler received the request (wall clock). vLLM's own arrival_time is stamped after
+# the handler has parsed, templated and tokenized the prompt, time the client waited too.
+_HTTP_ARRIVAL: contextvars.ContextVar = contextvars.ContextVar("inference_sidecar_http_arrival", default=None)
+HTTP_ARRIVAL_ATTR = "_inference_sidecar_http_arrival"
 
 
 # -- request-path patches ---------------------------------------------------------------------------
@@ -89,14 +96,27 @@ def _wrap_async_add_request(original):
     return add_request
 
 
+def _wrap_handler(original):
+    # Set, never reset: each HTTP request runs in its own task (so its own context), and a streamed
+    # response reaches AsyncLLM.add_request only later, from tasks that copy this context.
+    async def handler(self, *args, **kwargs):
+        _HTTP_ARRIVAL.set(time.time())
+        return await original(self, *args, **kwargs)
+
+    return handler
+
+
 def _wrap_output_add_request(original):
     def add_request(self, request, *args, **kwargs):
         result = original(self, request, *args, **kwargs)
         headers = _TRACE_HEADERS.get()
         in_flight = self.__dict__.get(IN_FLIGHT_ATTR)
-        if headers or in_flight is not None:
+        http_arrival = _HTTP_ARRIVAL.get()
+        if headers or in_flight is not None or http_arrival is not None:
             state = self.request_states.get(request.request_id)
             if state is not None:
+                if http_arrival is not None:
+                    state.__dict__[HTTP_ARRIVAL_ATTR] = http_arrival
                 if headers:
                     state.__dict__[HEADERS_ATTR] = headers
                 if in_flight is not None:
@@ -156,6 +176,8 @@ PATCHES: tuple[tuple[str, str, str, Callable], ...] = (
      _wrap_update_stats_from_finished),
     ("vllm.v1.engine.output_processor", "OutputProcessor", "abort_requests", _wrap_abort_requests),
     ("vllm.v1.engine.output_processor", "OutputProcessor", "process_outputs", _wrap_process_outputs),
+    ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "create_completion", _wrap_handler),
+    ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "create_chat_completion", _wrap_handler),
 )
 
 
@@ -172,18 +194,21 @@ def install_request_hooks() -> None:
 def finished_request(req_state: Any, finish_reason: Any, finished_time: float, model: str) -> FinishedRequest:
     stats = req_state.stats
     request_id = req_state.external_req_id
+    # Start the request where the server received it (see _HTTP_ARRIVAL), not where vLLM stamped it.
+    http_arrival = req_state.__dict__.get(HTTP_ARRIVAL_ATTR)
+    lead = max(0.0, stats.arrival_time - http_arrival) if http_arrival else 0.0
     return FinishedRequest(
         request_id=request_id,
         model=req_state.lora_name or model,
         operation=operation_from_request_id(request_id),
         finish_reason=str(finish_reason).lower(),
-        arrival_time=stats.arrival_time,
+        arrival_time=stats.arrival_time - lead,
         finished_time=finished_time,
         queued_ts=stats.queued_ts,
         scheduled_ts=stats.scheduled_ts,
         first_token_ts=stats.first_token_ts,
         last_token_ts=stats.last_token_ts,
-        time_to_first_token=stats.first_token_latency,
+        time_to_first_token=stats.first_token_latency + lead if stats.first_token_latency else 0.0,
         input_tokens=req_state.prompt_len or 0,
         output_tokens=stats.num_generation_tokens,
         cached_input_tokens=req_state.num_cached_tokens or 0,

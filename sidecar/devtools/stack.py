@@ -87,7 +87,7 @@ class Stack:
              "--trace-dir", str(self.trace_dir), *self.sidecar_args],
             env=self._env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        self._wait(f"{self.sidecar_url}/healthz", 30, self._sidecar, "sidecar")
+        self._wait(f"{self.sidecar_url}/healthz", 60, self._sidecar, "sidecar")
 
     def stop_sidecar(self, kill: bool = False) -> None:
         self._stop(self._sidecar, kill)

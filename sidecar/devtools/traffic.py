@@ -101,9 +101,10 @@ async def stream_one(session: aiohttp.ClientSession, url: str, model: str, promp
 
 
 async def run_load(url: str, model: str, *, concurrency: int = 8, requests: int | None = None,
-                   duration_s: float | None = None, max_tokens: int = 64) -> LoadResult:
+                   duration_s: float | None = None, max_tokens: int = 64, stop=None) -> LoadResult:
     """``concurrency`` clients, each streaming requests back to back until ``requests`` in total
-    were sent or ``duration_s`` passed (whichever is given; both bound the run)."""
+    were sent or ``duration_s`` passed (whichever is given; both bound the run), or ``stop`` (a
+    threading.Event) is set."""
     if requests is None and duration_s is None:
         raise ValueError("give requests or duration_s")
     results: list[RequestResult] = []
@@ -114,7 +115,8 @@ async def run_load(url: str, model: str, *, concurrency: int = 8, requests: int 
     async def client(n: int, session: aiohttp.ClientSession) -> None:
         nonlocal sent
         i = 0
-        while (requests is None or sent < requests) and (deadline is None or time.monotonic() < deadline):
+        while ((requests is None or sent < requests) and (deadline is None or time.monotonic() < deadline)
+               and not (stop is not None and stop.is_set())):
             sent += 1
             results.append(await stream_one(session, url, model, PROMPTS[(n + i) % len(PROMPTS)], max_tokens))
             i += 1

@@ -3,17 +3,30 @@
 ``SyncScan`` (scan.py) scans N working steps with the probe's step interface; ``SyncDetector``
 (detector.py) does the catching; report.py holds the per-site report, baseline comparison and the
 merge across processes; allowlist.py says which sites are expected. See docs/syncs.md.
+
+Exports load lazily (PEP 562): the sidecar process merges reports without importing torch, which
+the detector needs and which costs it a second at start-up.
 """
 
-from .allowlist import EXPECTED, HIDDEN, AllowEntry, Allowlist, from_environment, load_entries
-from .detector import SyncDetector
-from .report import build_sites, merge_reports, new_sites
-from .scan import SyncScan, SyncSpec
-from .settings import ENV_ALLOWLIST, ENV_TREAT_CPU_AS_DEVICE
-from .sites import PhaseRule, SiteLocator
+from __future__ import annotations
 
-__all__ = [
-    "AllowEntry", "Allowlist", "ENV_ALLOWLIST", "ENV_TREAT_CPU_AS_DEVICE", "EXPECTED", "HIDDEN",
-    "PhaseRule", "SiteLocator", "SyncDetector", "SyncScan", "SyncSpec", "build_sites", "from_environment", "load_entries",
-    "merge_reports", "new_sites",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "AllowEntry": "allowlist", "Allowlist": "allowlist", "EXPECTED": "allowlist", "HIDDEN": "allowlist",
+    "from_environment": "allowlist", "load_entries": "allowlist",
+    "SyncDetector": "detector",
+    "build_sites": "report", "merge_reports": "report", "new_sites": "report",
+    "SyncScan": "scan", "SyncSpec": "scan",
+    "ENV_ALLOWLIST": "settings", "ENV_TREAT_CPU_AS_DEVICE": "settings",
+    "PhaseRule": "sites", "SiteLocator": "sites",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -16,10 +16,12 @@ A site (``sites`` list of a report):
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from .allowlist import HIDDEN, Allowlist
-from .detector import SiteStats
+
+if TYPE_CHECKING:  # the detector imports torch; merging reports in the sidecar must not
+    from .detector import SiteStats
 
 SITE_KEY = ("path", "function", "op")
 

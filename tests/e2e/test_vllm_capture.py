@@ -102,7 +102,9 @@ def test_start_during_a_capture_is_409(vllm_stack):
 
 
 def test_sidecar_killed_and_restarted_while_streaming(vllm_stack, background_load):
-    with background_load(vllm_stack, concurrency=8, duration_s=20) as load:
+    # The load runs until the capture is over: an engine that goes idle mid-capture cannot stop
+    # torch.profiler (it stops on the engine's own step), and this test is not about that.
+    with background_load(vllm_stack, concurrency=8, duration_s=120) as load:
         time.sleep(2)
         vllm_stack.stop_sidecar(kill=True)
         time.sleep(3)
@@ -110,6 +112,7 @@ def test_sidecar_killed_and_restarted_while_streaming(vllm_stack, background_loa
         vllm_stack.wait_for_processes(3, timeout=30)
         client = SidecarClient(vllm_stack.sidecar_url)
         status = client.wait(client.start(3)["id"], timeout=60)
+        load.stop()
     result = load.join()
     assert status["state"] == "done", status
     assert len(result.results) > 8 and not result.failures, [r.error for r in result.failures][:3]
