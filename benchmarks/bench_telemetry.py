@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "126m")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per configuration")
-    parser.add_argument("--rounds", type=int, default=1, help="repeat the three configurations, order alternating")
+    parser.add_argument("--rounds", type=int, default=2, help="repeat the three configurations, order alternating")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-results" / "telemetry-work")
     args = parser.parse_args(argv)
 
