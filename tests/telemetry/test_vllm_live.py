@@ -63,8 +63,13 @@ def test_request_span_trees_in_phoenix(traced_stack, phoenix):
     trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
     specs = [(True, 16, None), (True, 24, None), (False, 12, None), (False, 1, None),
              (True, 8, {"traceparent": f"00-{trace_id}-{span_id}-01"})]
-    # Sequential, so each client TTFT is not queued behind another request's prefill.
-    sent = [asyncio.run(_traffic(traced_stack, [spec]))[0] for spec in specs]
+    # Sequential, so each client TTFT is not queued behind another request's prefill; and spaced, so
+    # the previous request's span export and Phoenix's ingestion of it (on the same two cores here,
+    # another host in production) are over before the next one is timed.
+    sent = []
+    for spec in specs:
+        sent.append(asyncio.run(_traffic(traced_stack, [spec]))[0])
+        time.sleep(0.6)  # > OTEL_BSP_SCHEDULE_DELAY (200 ms) + ingestion
     assert len({r.request_id for r in sent}) == len(specs)
     # Every request: a root, queue, prefill, and decode when it produced more than one token.
     want = sum(4 if r.tokens > 1 else 3 for r in sent)
