@@ -197,9 +197,10 @@ def check_request_histograms(prometheus_base: str, n: int, successful: int | Non
     ``baseline``, the values of REQUEST_COUNTS before them)."""
     base = baseline or {}
     duration, ttft, requests = REQUEST_COUNTS
-    assert prometheus_value(prometheus_base, duration) == base.get(duration, 0) + n
-    assert prometheus_value(prometheus_base, ttft) == base.get(ttft, 0) + (n if successful is None else successful)
-    assert prometheus_value(prometheus_base, requests) == base.get(requests, 0) + n
+    got = {expr: prometheus_value(prometheus_base, expr) for expr in REQUEST_COUNTS}
+    want = {duration: base.get(duration, 0) + n, ttft: base.get(ttft, 0) + (n if successful is None else successful),
+            requests: base.get(requests, 0) + n}
+    assert got == want, f"got {got}, want {want} (baseline {dict(base)})"
 
 
 class Prometheus:

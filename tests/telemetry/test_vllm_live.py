@@ -4,6 +4,7 @@ metrics scraped by a real Prometheus, step metrics from the real worker."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import secrets
@@ -66,10 +67,21 @@ def test_request_span_trees_in_phoenix(traced_stack, phoenix):
     # Sequential, so each client TTFT is not queued behind another request's prefill; and spaced, so
     # the previous request's span export and Phoenix's ingestion of it (on the same two cores here,
     # another host in production) are over before the next one is timed.
+    # The client's clock must not include its own garbage collection: after hundreds of tests this
+    # process's heap makes a full collection take tens of milliseconds.
     sent = []
-    for spec in specs:
-        sent.append(asyncio.run(_traffic(traced_stack, [spec]))[0])
-        time.sleep(0.6)  # > OTEL_BSP_SCHEDULE_DELAY (200 ms) + ingestion
+    # One untimed request first: a fresh server's first request pays one-time set-up before the
+    # handler's arrival stamp, which is not what this comparison is about.
+    asyncio.run(_traffic(traced_stack, [(True, 2, None)]))
+    time.sleep(0.6)  # its span export and ingestion, as between the timed requests below
+    gc.collect()
+    gc.disable()
+    try:
+        for spec in specs:
+            sent.append(asyncio.run(_traffic(traced_stack, [spec]))[0])
+            time.sleep(0.6)  # > OTEL_BSP_SCHEDULE_DELAY (200 ms) + ingestion
+    finally:
+        gc.enable()
     assert len({r.request_id for r in sent}) == len(specs)
     # Every request: a root, queue, prefill, and decode when it produced more than one token.
     want = sum(4 if r.tokens > 1 else 3 for r in sent)
@@ -133,6 +145,7 @@ def test_prometheus_scrapes_live_server_and_dashboards_have_data(traced_stack, t
         # What earlier tests left on this server; the counts below are on top of it.
         time.sleep(1.5)  # past one metrics push, so the sidecar holds every finished request
         baseline = {expr: prometheus.value(expr) for expr in REQUEST_COUNTS} if _wait_up(prometheus) else {}
+        baseline_aborted = prometheus.value('sum(sidecar_requests_total{error_type="aborted"})')
         with background_load(traced_stack, concurrency=4, duration_s=8.0, max_tokens=24) as load:
             time.sleep(1.0)
             # A real capture while the load runs (the dashboards' capture panels), and one request the
@@ -147,8 +160,11 @@ def test_prometheus_scrapes_live_server_and_dashboards_have_data(traced_stack, t
         assert n >= 4
         total = baseline[REQUEST_COUNTS[0]] + n + 1
         prometheus.wait_for(REQUEST_COUNTS[0], total, timeout_s=30)
-        check_request_histograms(prometheus.base, n + 1, successful=n, baseline=baseline)
-        prometheus.wait_for('sum(sidecar_requests_total{error_type="aborted"})', 1)
+        # Whether vLLM sees the disconnect before the abandoned request's 200 tokens are done depends
+        # on timing; either way TTFT must be recorded for exactly the successful requests.
+        aborted = prometheus.value('sum(sidecar_requests_total{error_type="aborted"})') - baseline_aborted
+        assert aborted in (0, 1), aborted
+        check_request_histograms(prometheus.base, n + 1, successful=n + 1 - int(aborted), baseline=baseline)
         # Worker steps: at least one per generated token after the first, batch sizes up to the load's.
         assert prometheus.value('sum(sidecar_step_duration_seconds_count{sidecar_process_role="worker"})') >= \
             result.tokens / 4
