@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
 from sidecar.probe import Probe  # noqa: E402
-from sidecar_vllm import hooks  # noqa: E402
+from sidecar_vllm import hooks, patching  # noqa: E402
 
 
 class SchedulerOutput:
@@ -55,9 +55,9 @@ def per_call_ns(fn, number=200_000, repeat=7) -> float:
 def main(argv: list[str] | None = None) -> int:
     plain_worker_cls, plain_core_cls = make_classes()
     worker_cls, core_cls = make_classes()
-    hooks._patch(worker_cls, "execute_model", hooks._wrap_execute_model)
-    hooks._patch(worker_cls, "sample_tokens", hooks._wrap_sample_tokens)
-    hooks._patch(core_cls, "step", hooks._wrap_engine_step)
+    patching.patch(worker_cls, "execute_model", hooks._wrap_execute_model)
+    patching.patch(worker_cls, "sample_tokens", hooks._wrap_sample_tokens)
+    patching.patch(core_cls, "step", hooks._wrap_engine_step)
     probe = Probe("worker", 0, endpoint="http://127.0.0.1:9", cuda_available=False)  # not started: idle
     plain_w, w, plain_c, c = plain_worker_cls(), worker_cls(), plain_core_cls(), core_cls()
     w.__dict__[hooks.PROBE_ATTR] = probe

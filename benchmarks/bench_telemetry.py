@@ -131,13 +131,13 @@ def step_hook_cost() -> dict:
     from sidecar.probe import Probe
     from sidecar.telemetry.instruments import StepInstruments
     from sidecar.telemetry.steps import StepRecorder
-    from sidecar_vllm import hooks
+    from sidecar_vllm import hooks, patching
 
     bench = _load_bench_hooks()
     plain_cls, _ = bench.make_classes()
     hooked_cls, _ = bench.make_classes()
-    hooks._patch(hooked_cls, "execute_model", hooks._wrap_execute_model)
-    hooks._patch(hooked_cls, "sample_tokens", hooks._wrap_sample_tokens)
+    patching.patch(hooked_cls, "execute_model", hooks._wrap_execute_model)
+    patching.patch(hooked_cls, "sample_tokens", hooks._wrap_sample_tokens)
     probe = Probe("worker", 0, endpoint="http://127.0.0.1:9", cuda_available=False)  # not started: idle
     recorder = StepRecorder(StepInstruments(MeterProvider().get_meter("bench")), role="worker")
     plain, probe_only, with_steps = plain_cls(), hooked_cls(), hooked_cls()

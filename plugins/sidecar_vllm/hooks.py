@@ -18,13 +18,13 @@ fails to start because of this package.
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib
 import logging
 import time
 from typing import Any, Callable
 
 from sidecar.probe import Probe
+
+from . import patching
 from sidecar.protocol import ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER
 from sidecar.telemetry import create_telemetry
 
@@ -34,7 +34,6 @@ PROBE_ATTR = "_inference_sidecar_probe"
 PENDING_ATTR = "_inference_sidecar_pending_end"  # a worker step whose sampling is still to come
 TELEMETRY_ATTR = "_inference_sidecar_telemetry"  # this process's Telemetry (engine core, worker)
 STEPS_ATTR = "_inference_sidecar_steps"  # a worker's StepRecorder, or None
-MARK = "__inference_sidecar_wrapped__"
 _MISSING = object()
 
 
@@ -45,15 +44,6 @@ def _engine_version() -> str:
         return f"vllm {vllm.__version__}"
     except Exception:
         return "vllm"
-
-
-def _patch(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
-    original = cls.__dict__.get(name)
-    if original is None or getattr(original, MARK, False):
-        return
-    wrapped = functools.wraps(original)(make(original))
-    setattr(wrapped, MARK, True)
-    setattr(cls, name, wrapped)
 
 
 def _attach_probe(obj: Any, role: str, rank: int | None, **probe_kwargs: Any) -> Probe | None:
@@ -199,7 +189,7 @@ def _wrap_async_llm_init(original):
     return __init__
 
 
-PATCHES: tuple[tuple[str, str, str, Callable], ...] = (
+PATCHES: tuple[patching.Patch, ...] = (
     ("vllm.v1.engine.core", "EngineCore", "__init__", _wrap_engine_init),
     ("vllm.v1.engine.core", "EngineCore", "step", _wrap_engine_step),
     ("vllm.v1.engine.core", "EngineCore", "step_with_batch_queue", _wrap_engine_step),
@@ -213,9 +203,4 @@ PATCHES: tuple[tuple[str, str, str, Callable], ...] = (
 
 def install() -> None:
     """Apply every patch (idempotent: vLLM may load plugins more than once per process)."""
-    for module_name, class_name, attr, make in PATCHES:
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-            _patch(cls, attr, make)
-        except Exception as exc:
-            log.warning("inference-sidecar: cannot patch %s.%s.%s: %s", module_name, class_name, attr, exc)
+    patching.install(PATCHES)

@@ -31,8 +31,6 @@ here is logged once and never reaches vLLM. With ``SIDECAR_TELEMETRY=0`` the log
 from __future__ import annotations
 
 import contextvars
-import functools
-import importlib
 import inspect
 import logging
 import time
@@ -41,6 +39,8 @@ from typing import Any, Callable
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from sidecar import auth, config
+
+from . import patching
 from sidecar.client import SidecarClient
 from sidecar.telemetry import (
     CaptureSpans,
@@ -54,7 +54,6 @@ from sidecar.telemetry import (
 
 log = logging.getLogger(__name__)
 
-MARK = "__inference_sidecar_telemetry__"
 HEADERS_ATTR = "_inference_sidecar_trace_headers"  # on a RequestState
 FINISHED_ATTR = "_inference_sidecar_finished"  # on an IterationStats: [(RequestState, finish_reason, wall end)]
 ABORTED_ATTR = "_inference_sidecar_aborted"  # on an OutputProcessor: aborted, not yet handed over
@@ -69,13 +68,6 @@ HTTP_ARRIVAL_ATTR = "_inference_sidecar_http_arrival"
 
 
 # -- request-path patches ---------------------------------------------------------------------------
-def _patch(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
-    original = cls.__dict__.get(name)
-    if original is None or getattr(original, MARK, False):
-        return
-    wrapped = functools.wraps(original)(make(original))
-    setattr(wrapped, MARK, True)
-    setattr(cls, name, wrapped)
 
 
 def _wrap_async_add_request(original):
@@ -169,7 +161,7 @@ def _wrap_process_outputs(original):
     return process_outputs
 
 
-PATCHES: tuple[tuple[str, str, str, Callable], ...] = (
+PATCHES: tuple[patching.Patch, ...] = (
     ("vllm.v1.engine.async_llm", "AsyncLLM", "add_request", _wrap_async_add_request),
     ("vllm.v1.engine.output_processor", "OutputProcessor", "add_request", _wrap_output_add_request),
     ("vllm.v1.engine.output_processor", "OutputProcessor", "_update_stats_from_finished",
@@ -183,11 +175,7 @@ PATCHES: tuple[tuple[str, str, str, Callable], ...] = (
 
 def install_request_hooks() -> None:
     """Apply the request-path patches (idempotent). Each failing patch is logged; the others apply."""
-    for module_name, class_name, attr, make in PATCHES:
-        try:
-            _patch(getattr(importlib.import_module(module_name), class_name), attr, make)
-        except Exception as exc:
-            log.warning("inference-sidecar: cannot patch %s.%s.%s: %s", module_name, class_name, attr, exc)
+    patching.install(PATCHES)
 
 
 # -- vLLM request state → FinishedRequest -----------------------------------------------------------

@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 from sidecar.telemetry.instruments import STEP_BATCH_SIZE, STEP_DURATION, STEP_TOKENS
-from sidecar_vllm import hooks
+from sidecar_vllm import hooks, patching
 
 from .helpers import in_memory_telemetry, metric_points
 
@@ -16,8 +16,8 @@ def _worker_class():
         def sample_tokens(self, grammar_output):
             return "sampled"
 
-    hooks._patch(Worker, "execute_model", hooks._wrap_execute_model)
-    hooks._patch(Worker, "sample_tokens", hooks._wrap_sample_tokens)
+    patching.patch(Worker, "execute_model", hooks._wrap_execute_model)
+    patching.patch(Worker, "sample_tokens", hooks._wrap_sample_tokens)
     return Worker
 
 
