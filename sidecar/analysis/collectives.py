@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import intervals
+from .arrays import distinct
 from .events import Kind, is_collective
 from .kernels import NameStat, name_stats, ratio, top, us
 from .processes import ProcessView
@@ -37,7 +38,7 @@ def collective_stats(view: ProcessView) -> CollectiveStats:
     ts, dur, kind, name, device = view.columns("ts", "dur", "kind", "name", "device")
     k = kind == Kind.KERNEL
     ts, dur, name, device = ts[k], dur[k], name[k], device[k]
-    flags = {nid: is_collective(names[nid]) for nid in np.unique(name).tolist()}
+    flags = {nid: is_collective(names[nid]) for nid in distinct(name).tolist()}
     comm = np.array([flags[n] for n in name.tolist()], dtype=bool) if len(name) else np.zeros(0, dtype=bool)
     stats = CollectiveStats()
     for nid, stat in name_stats(name[comm], dur[comm]).items():

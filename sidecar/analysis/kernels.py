@@ -14,6 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from . import intervals
+from .arrays import distinct
 from .events import Kind, memcpy_direction
 from .processes import ProcessView
 
@@ -120,7 +121,7 @@ def gpu_stats(view: ProcessView, window: tuple[float, float]) -> GpuStats:
     stats = GpuStats()
     copy = np.flatnonzero(kind != Kind.KERNEL)
     if len(copy):
-        labels = {nid: memcpy_direction(names[nid]) for nid in np.unique(name[copy]).tolist()}
+        labels = {nid: memcpy_direction(names[nid]) for nid in distinct(name[copy]).tolist()}
         label = ["Memset" if k == Kind.MEMSET else labels[n] for k, n in zip(kind[copy].tolist(), name[copy].tolist())]
         for lab, d, b in zip(label, dur[copy].tolist(), nbytes[copy].tolist()):
             stat = stats.copies.setdefault(lab, CopyStat())

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import intervals
+from .arrays import distinct
 from .events import is_launch
 from .kernels import us
 from .processes import ProcessView
@@ -44,7 +45,7 @@ def launches(view: ProcessView) -> tuple[np.ndarray, np.ndarray]:
     for tid, thread in view.threads.items():
         calls = view.runtime_calls(tid)
         ids = thread.name[calls]
-        for nid in np.unique(ids).tolist():
+        for nid in distinct(ids).tolist():
             if nid not in flags:
                 flags[nid] = is_launch(names[nid])
         keep = calls[np.array([flags[n] for n in ids.tolist()], dtype=bool)] if len(calls) else calls

@@ -16,6 +16,7 @@ from typing import Optional
 
 import numpy as np
 
+from .arrays import distinct, isin
 from .collect import Pid, TraceData
 from .events import Kind
 from .processes import ProcessView, track_view
@@ -32,10 +33,10 @@ def assign_gpu(data: TraceData, views: dict[Pid, ProcessView]) -> None:
     keys = list(data.threads)
     thread_view = np.array([view_no[pid] for pid, _tid in keys], dtype=np.int64)
     # Runtime calls whose correlation id some activity carries, threads in order, then by index.
-    wanted = np.unique(gpu.corr[gpu.corr != -1])
+    wanted = distinct(gpu.corr[gpu.corr != -1])
     r_corr, r_thread, r_index, r_ts = [], [], [], []
     for t, thread in enumerate(data.threads.values()):
-        pick = np.flatnonzero((thread.kind == Kind.RUNTIME) & np.isin(thread.corr, wanted))
+        pick = np.flatnonzero((thread.kind == Kind.RUNTIME) & isin(thread.corr, wanted))
         r_corr.append(thread.corr[pick])
         r_thread.append(np.full(len(pick), t, dtype=np.int64))
         r_index.append(pick)

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import intervals
+from .arrays import distinct
 from .events import Kind, is_collective
 from .gaps import GapTable
 from .kernels import groups_in_order, name_stats, ratio, us
@@ -56,7 +57,7 @@ def step_stats(view: ProcessView, launch_calls: tuple[np.ndarray, np.ndarray], s
     copy_count = np.bincount(step[copy], minlength=n)
     copy_time = np.bincount(step[copy], weights=dur[copy], minlength=n)
     kern = np.flatnonzero(inside & (kind == Kind.KERNEL))
-    flags = {nid: is_collective(names[nid]) for nid in np.unique(name[kern]).tolist()}
+    flags = {nid: is_collective(names[nid]) for nid in distinct(name[kern]).tolist()}
     comm = np.array([flags[x] for x in name[kern].tolist()], dtype=bool) if len(kern) else np.zeros(0, dtype=bool)
     k_step = step[kern]
     kernel_count = np.bincount(k_step, minlength=n)
@@ -78,7 +79,7 @@ def step_stats(view: ProcessView, launch_calls: tuple[np.ndarray, np.ndarray], s
         steps[index].busy = busy
     l_ts, l_dur = launch_calls
     l_step = view.step_indices(l_ts)
-    for index in np.unique(l_step[l_step >= 0]).tolist():
+    for index in distinct(l_step[l_step >= 0]).tolist():
         mine = l_dur[l_step == index]
         steps[index].launches = launch_stats(mine)
     for f in syncs:

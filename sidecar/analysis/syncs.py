@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import intervals
+from .arrays import distinct, isin
 from .events import Kind, api_base_name, is_pageable_dtoh, memcpy_direction
 from .kernels import us
 from .processes import ProcessView
@@ -103,11 +104,11 @@ def find_syncs(view: ProcessView, busy: intervals.Spans) -> list[SyncFinding]:
     for tid, thread in view.threads.items():
         calls = view.runtime_calls(tid)
         ids = thread.name[calls]
-        for nid in np.unique(ids).tolist():
+        for nid in distinct(ids).tolist():
             if nid not in per_name:
                 per_name[nid] = (call_kind(names[nid]), api_base_name(names[nid]) in COPY_CALLS)
         wanted = [nid for nid, (kind, is_copy) in per_name.items() if kind is not None or is_copy]
-        calls = calls[np.isin(ids, wanted)]
+        calls = calls[isin(ids, wanted)]
         last_copy_was_dtoh = False
         for i, nid, start, dur, corr in zip(calls.tolist(), thread.name[calls].tolist(), thread.ts[calls].tolist(), thread.dur[calls].tolist(), thread.corr[calls].tolist()):
             kind, is_copy = per_name[nid]

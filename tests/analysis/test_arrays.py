@@ -1,0 +1,25 @@
+"""The numpy helpers agree with the numpy functions they stand in for."""
+
+import numpy as np
+import pytest
+
+from sidecar.analysis.arrays import distinct, isin
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_distinct_and_isin_match_numpy(seed):
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-5, 50, size=int(rng.integers(0, 200)), dtype=np.int64)
+    wanted = rng.integers(-10, 60, size=int(rng.integers(0, 30))).tolist()
+    assert distinct(values).tolist() == np.unique(values).tolist()
+    assert isin(values, wanted).tolist() == np.isin(values, wanted).tolist()
+
+
+def test_edge_cases():
+    empty = np.array([], dtype=np.int32)
+    assert distinct(empty).tolist() == []
+    assert isin(empty, [1, 2]).tolist() == []
+    assert isin(np.array([1, 2, 3]), []).tolist() == [False, False, False]
+    assert distinct(np.array([7])).tolist() == [7]
+    big = np.array([2**40, 5, 2**40], dtype=np.int64)  # correlation ids may be large
+    assert isin(big, [2**40]).tolist() == [True, False, True]
