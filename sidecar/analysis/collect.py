@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable
+from typing import Hashable, Sequence
 
 import numpy as np
 
-from .events import Kind, RawEvent, category_table, step_number
+from .events import CompleteEvent, Kind, MetadataEvent, RawEvent, category_table, step_number
 
 Pid = Hashable  # an int in Kineto traces; merged or hand-made traces may use strings
 
@@ -122,7 +122,7 @@ class Collector:
             self.data.names.append(key)
         return nid
 
-    def add(self, batch: Iterable[RawEvent]) -> None:
+    def add(self, batch: Sequence[RawEvent]) -> None:
         data = self.data
         kinds = self._kinds
         threads = data.threads
@@ -130,19 +130,21 @@ class Collector:
         name_ids = self._name_ids
         name_id = self._name_id
         track_ids = self._track_ids
-        count = 0
         last_pid = last_tid = object()  # matches no pid
         RUNTIME, ANNOTATION, KERNEL = Kind.RUNTIME, Kind.ANNOTATION, Kind.KERNEL
         t_ts = t_dur = t_name = t_kind = t_corr = None
         for ev in batch:
-            count += 1
+            if type(ev) is not CompleteEvent:
+                if type(ev) is MetadataEvent:
+                    self._metadata(ev)  # type: ignore[arg-type]
+                elif ev.cat in kinds:
+                    data.ignored_count += 1
+                continue
             kind = kinds.get(ev.cat)
             if kind is None:
-                if ev.ph == "M":
-                    self._metadata(ev)
                 continue
             ts = ev.ts
-            if ts is None or ev.ph != "X":
+            if ts is None:
                 data.ignored_count += 1
                 continue
             dur = ev.dur or 0.0
@@ -197,9 +199,9 @@ class Collector:
                 number = step_number(data.names[nid])
                 if number is not None:
                     data.steps.append(StepMark(pid, tid, number, ts, dur))  # type: ignore[arg-type]
-        data.event_count += count
+        data.event_count += len(batch)
 
-    def _metadata(self, ev: RawEvent) -> None:
+    def _metadata(self, ev: MetadataEvent) -> None:
         if ev.name == "process_name" and ev.args is not None and ev.args.name is not None:
             self.data.process_names[ev.pid] = str(ev.args.name)  # type: ignore[index]
 

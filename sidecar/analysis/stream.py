@@ -285,7 +285,7 @@ def _lenient(piece: bytes, top: TopLevel) -> Optional[list[RawEvent]]:
 
 def _convert(item: dict, top: TopLevel) -> Optional[RawEvent]:
     try:
-        return msgspec.convert(item, RawEvent, strict=False)
+        return msgspec.convert(item, RawEvent, strict=False)  # type: ignore[arg-type]
     except msgspec.ValidationError:
         top.skipped_events += 1
         return None

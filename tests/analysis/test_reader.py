@@ -101,19 +101,23 @@ def test_missing_and_odd_fields(tmp_path):
     events = [
         {"ph": "X", "cat": "Kernel", "name": "old-style", "pid": 0, "tid": 7, "ts": 0, "dur": 10},  # no args, old category
         {"ph": "X", "cat": "kernel", "name": "string-ts", "pid": 0, "tid": 7, "ts": "20.5", "dur": "4.5", "args": {"device": 0, "stream": "0x7"}},
-        {"ph": "X", "cat": "kernel", "name": "no-dur", "pid": 0, "tid": 7, "ts": 40, "args": {"device": 0, "stream": 7}},
+        {"cat": "kernel", "name": "no-dur", "pid": 0, "tid": 7, "ts": 40, "args": {"device": 0, "stream": 7}, "ph": "X"},  # ph last
         {"ph": "X", "cat": "kernel", "name": "unusable", "pid": 0, "tid": 7, "ts": [1], "dur": 3},
         {"ph": "X", "cat": "cpu_op", "name": 12345, "pid": "host", "tid": "main", "ts": 1, "dur": 2},
         {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1},  # no name, no ts
         {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 3},
-        {"name": "just a name"},
+        {"name": "just a name"},  # no ph: not a trace event
+        {"ph": "Z", "cat": "kernel", "name": "unknown phase", "pid": 0, "tid": 7, "ts": 50, "dur": 1},
+        {"ph": "B", "cat": "cpu_op", "name": "begin", "pid": 1, "tid": 1, "ts": 4},  # kept category, not 'X'
     ]
     summary = analyze_path(synth.write(tmp_path / "odd.json", events), top_n=100)
     kernels = {k["name"]: k for k in summary["gpu"]["top_kernels"]}
     assert set(kernels) == {"old-style", "string-ts", "no-dur"}
     assert kernels["string-ts"]["total_us"] == 4.5 and kernels["no-dur"]["total_us"] == 0
     assert summary["gpu"]["devices"][0]["streams"][0]["stream"] == 7  # "0x7" read as 7
-    assert any("1 events skipped" in w for w in summary["warnings"])
+    # Skipped: ts [1], the entry without ph and the one with an unknown ph. Ignored: no ts, and 'B'.
+    assert any("3 events skipped" in w for w in summary["warnings"]), summary["warnings"]
+    assert any("2 events without a usable 'X' timestamp ignored" in w for w in summary["warnings"]), summary["warnings"]
     assert summary["cpu"]["top_ops"][0]["name"] == "12345"
 
 
