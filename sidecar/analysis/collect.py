@@ -16,7 +16,7 @@ for the vectorised analyses.
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
+import msgspec
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -26,38 +26,35 @@ from .events import CompleteEvent, Kind, MetadataEvent, RawEvent, category_table
 Pid = Hashable  # an int in Kineto traces; merged or hand-made traces may use strings
 
 
-@dataclass
-class HostThread:
+class HostThread(msgspec.Struct):
     """Host events of one (pid, tid), in file order (not necessarily sorted by ts). ``array``
     while collecting, numpy arrays (same buffers) once ``Collector.finish`` has run."""
 
-    ts: array = field(default_factory=lambda: array("d"))
-    dur: array = field(default_factory=lambda: array("d"))
-    name: array = field(default_factory=lambda: array("i"))
-    kind: array = field(default_factory=lambda: array("b"))
-    corr: array = field(default_factory=lambda: array("q"))  # -1 when the event has none
+    ts: array = msgspec.field(default_factory=lambda: array("d"))
+    dur: array = msgspec.field(default_factory=lambda: array("d"))
+    name: array = msgspec.field(default_factory=lambda: array("i"))
+    kind: array = msgspec.field(default_factory=lambda: array("b"))
+    corr: array = msgspec.field(default_factory=lambda: array("q"))  # -1 when the event has none
 
 
-@dataclass
-class GpuActivities:
+class GpuActivities(msgspec.Struct):
     """Kernels, memcpys and memsets, in file order (``array``, then numpy, as HostThread)."""
 
-    ts: array = field(default_factory=lambda: array("d"))
-    dur: array = field(default_factory=lambda: array("d"))
-    name: array = field(default_factory=lambda: array("i"))
-    kind: array = field(default_factory=lambda: array("b"))
-    device: array = field(default_factory=lambda: array("q"))
-    stream: array = field(default_factory=lambda: array("q"))
-    corr: array = field(default_factory=lambda: array("q"))
-    nbytes: array = field(default_factory=lambda: array("q"))
-    track: array = field(default_factory=lambda: array("i"))  # index into TraceData.tracks
+    ts: array = msgspec.field(default_factory=lambda: array("d"))
+    dur: array = msgspec.field(default_factory=lambda: array("d"))
+    name: array = msgspec.field(default_factory=lambda: array("i"))
+    kind: array = msgspec.field(default_factory=lambda: array("b"))
+    device: array = msgspec.field(default_factory=lambda: array("q"))
+    stream: array = msgspec.field(default_factory=lambda: array("q"))
+    corr: array = msgspec.field(default_factory=lambda: array("q"))
+    nbytes: array = msgspec.field(default_factory=lambda: array("q"))
+    track: array = msgspec.field(default_factory=lambda: array("i"))  # index into TraceData.tracks
 
     def __len__(self) -> int:
         return len(self.ts)
 
 
-@dataclass(frozen=True)
-class StepMark:
+class StepMark(msgspec.Struct, frozen=True):
     """One ``ProfilerStep#n`` range on the host."""
 
     pid: Pid
@@ -67,18 +64,17 @@ class StepMark:
     dur: float
 
 
-@dataclass
-class TraceData:
+class TraceData(msgspec.Struct):
     """Everything kept from one trace file."""
 
     path: str
-    names: list[str] = field(default_factory=list)
-    threads: dict[tuple[Pid, Pid], HostThread] = field(default_factory=dict)
-    gpu: GpuActivities = field(default_factory=GpuActivities)
-    steps: list[StepMark] = field(default_factory=list)
-    tracks: list[Pid] = field(default_factory=list)  # the pids GPU events were filed under
-    process_names: dict[Pid, str] = field(default_factory=dict)
-    members: dict = field(default_factory=dict)  # small top-level members (distributedInfo, ...)
+    names: list[str] = msgspec.field(default_factory=list)
+    threads: dict[tuple[Pid, Pid], HostThread] = msgspec.field(default_factory=dict)
+    gpu: GpuActivities = msgspec.field(default_factory=GpuActivities)
+    steps: list[StepMark] = msgspec.field(default_factory=list)
+    tracks: list[Pid] = msgspec.field(default_factory=list)  # the pids GPU events were filed under
+    process_names: dict[Pid, str] = msgspec.field(default_factory=dict)
+    members: dict = msgspec.field(default_factory=dict)  # small top-level members (distributedInfo, ...)
     event_count: int = 0
     ignored_count: int = 0  # events of a kept category without a usable ts (or not complete 'X')
     skipped_count: int = 0  # events whose fields had unusable types
@@ -210,7 +206,8 @@ class Collector:
         data.members = members
         data.skipped_count = skipped
         for columns in (data.gpu, *data.threads.values()):
-            for name, value in vars(columns).items():
+            for name in columns.__struct_fields__:
+                value = getattr(columns, name)
                 setattr(columns, name, np.frombuffer(value, dtype=_DTYPES[value.typecode]))
         data.fractional_ts = _has_fraction(data.gpu.ts) or any(_has_fraction(t.ts) for t in data.threads.values())
         return data

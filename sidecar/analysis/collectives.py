@@ -7,7 +7,7 @@ kernel also ran: 1.0 means communication is fully hidden, 0.0 means the GPU did 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 import numpy as np
 
@@ -18,9 +18,8 @@ from .kernels import NameStat, name_stats, ratio, top, us
 from .processes import ProcessView
 
 
-@dataclass
-class CollectiveStats:
-    kernels: dict[str, NameStat] = field(default_factory=dict)
+class CollectiveStats(msgspec.Struct):
+    kernels: dict[str, NameStat] = msgspec.field(default_factory=dict)
     time: float = 0.0  # sum of collective kernel durations
     busy: float = 0.0  # union of collective intervals, summed over devices
     overlapped: float = 0.0  # part of that union during which a non-collective kernel ran

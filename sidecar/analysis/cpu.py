@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 import numpy as np
 
@@ -12,8 +12,7 @@ from .kernels import us
 from .processes import ProcessView
 
 
-@dataclass
-class OpStat:
+class OpStat(msgspec.Struct):
     count: int = 0
     total: float = 0.0
     self_time: float = 0.0
@@ -24,9 +23,8 @@ class OpStat:
         self.self_time += other.self_time
 
 
-@dataclass
-class CpuStats:
-    ops: dict[str, OpStat] = field(default_factory=dict)
+class CpuStats(msgspec.Struct):
+    ops: dict[str, OpStat] = msgspec.field(default_factory=dict)
     threads: int = 0
 
     def merge(self, other: "CpuStats") -> None:

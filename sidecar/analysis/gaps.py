@@ -15,7 +15,7 @@ A gap is a hole between two consecutive busy intervals (kernel union) of one dev
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 from typing import Sequence
 
 import numpy as np
@@ -33,20 +33,19 @@ _LOOKBACK_US = 10_000_000  # 10 s: no call blocks longer; a sync that began earl
 _I64 = np.zeros(0, dtype=np.int64)
 
 
-@dataclass
-class GapTable:
+class GapTable(msgspec.Struct):
     """The gaps of one process, one row each, devices in order and each device's gaps in time
     order: columns rather than one object per gap (the largest trace has 10k gaps)."""
 
-    device: np.ndarray = field(default_factory=lambda: _I64)
-    start: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    end: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    cause: np.ndarray = field(default_factory=lambda: _I64)  # index into CAUSES
-    next_activity: np.ndarray = field(default_factory=lambda: _I64)  # the kernel that ended the gap
-    prev_activity: np.ndarray = field(default_factory=lambda: _I64)  # the kernel that ended last before it
-    step_index: np.ndarray = field(default_factory=lambda: _I64)  # step of the next kernel's launch, -1 none
-    sync: np.ndarray = field(default_factory=lambda: _I64)  # index into the sync list, -1 none
-    detail: dict[int, str] = field(default_factory=dict)  # filled for the largest gaps only
+    device: np.ndarray = msgspec.field(default_factory=lambda: _I64)
+    start: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0))
+    end: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0))
+    cause: np.ndarray = msgspec.field(default_factory=lambda: _I64)  # index into CAUSES
+    next_activity: np.ndarray = msgspec.field(default_factory=lambda: _I64)  # the kernel that ended the gap
+    prev_activity: np.ndarray = msgspec.field(default_factory=lambda: _I64)  # the kernel that ended last before it
+    step_index: np.ndarray = msgspec.field(default_factory=lambda: _I64)  # step of the next kernel's launch, -1 none
+    sync: np.ndarray = msgspec.field(default_factory=lambda: _I64)  # index into the sync list, -1 none
+    detail: dict[int, str] = msgspec.field(default_factory=dict)  # filled for the largest gaps only
 
     @property
     def dur(self) -> np.ndarray:
@@ -143,8 +142,7 @@ def describe(view: ProcessView, table: GapTable, row: int, sync_list: Sequence[S
     return f"next launch from {where}"
 
 
-@dataclass
-class GapPart:
+class GapPart(msgspec.Struct):
     """What the summary needs of one process's gaps: durations and causes of all, and the
     largest few already rendered (so the process's event arrays can be freed)."""
 

@@ -8,7 +8,7 @@ reported apart (they run on copy engines and can overlap kernels) and do not cou
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+import msgspec
 from typing import Iterable
 
 import numpy as np
@@ -19,8 +19,7 @@ from .events import Kind, memcpy_direction
 from .processes import ProcessView
 
 
-@dataclass
-class NameStat:
+class NameStat(msgspec.Struct):
     count: int = 0
     total: float = 0.0
     min: float = float("inf")
@@ -41,8 +40,7 @@ class NameStat:
         self.max = max(self.max, other.max)
 
 
-@dataclass
-class StreamStat:
+class StreamStat(msgspec.Struct):
     device: int
     stream: int
     kernel_count: int = 0
@@ -50,25 +48,23 @@ class StreamStat:
     busy: float = 0.0
 
 
-@dataclass
-class CopyStat:
+class CopyStat(msgspec.Struct):
     count: int = 0
     total: float = 0.0
     nbytes: int = 0
 
 
-@dataclass
-class GpuStats:
+class GpuStats(msgspec.Struct):
     """Everything about the GPU side of one process (or, merged, of a whole trace)."""
 
-    kernels: dict[str, NameStat] = field(default_factory=dict)
+    kernels: dict[str, NameStat] = msgspec.field(default_factory=dict)
     kernel_count: int = 0
     kernel_time: float = 0.0
-    device_busy: dict[int, intervals.Spans] = field(default_factory=dict)
-    device_span: dict[int, tuple[float, float]] = field(default_factory=dict)  # first kernel start, last end
-    device_window: dict[int, tuple[float, float]] = field(default_factory=dict)  # the owning process's window
-    streams: dict[tuple[int, int], StreamStat] = field(default_factory=dict)
-    copies: dict[str, CopyStat] = field(default_factory=dict)  # "HtoD", "DtoH", ..., "Memset"
+    device_busy: dict[int, intervals.Spans] = msgspec.field(default_factory=dict)
+    device_span: dict[int, tuple[float, float]] = msgspec.field(default_factory=dict)  # first kernel start, last end
+    device_window: dict[int, tuple[float, float]] = msgspec.field(default_factory=dict)  # the owning process's window
+    streams: dict[tuple[int, int], StreamStat] = msgspec.field(default_factory=dict)
+    copies: dict[str, CopyStat] = msgspec.field(default_factory=dict)  # "HtoD", "DtoH", ..., "Memset"
 
     @property
     def busy(self) -> float:

@@ -7,7 +7,7 @@ A graph launch counts once however many kernels it starts, which is the point of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 import numpy as np
 
@@ -18,8 +18,7 @@ from .kernels import us
 from .processes import ProcessView
 
 
-@dataclass
-class LaunchStats:
+class LaunchStats(msgspec.Struct):
     count: int = 0
     total: float = 0.0
     max: float = 0.0

@@ -17,15 +17,14 @@ it, so every float sum is bit-for-bit the same.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 import numpy as np
 
 from .collect import HostThread
 
 
-@dataclass
-class ThreadTree:
+class ThreadTree(msgspec.Struct):
     """Parent links and child time of one thread's events, indexed like the HostThread arrays."""
 
     parent: np.ndarray  # index of the innermost enclosing event, -1 for a top-level event

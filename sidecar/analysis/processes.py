@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+import msgspec
 from typing import Optional
 
 import numpy as np
@@ -26,8 +26,7 @@ _RANK_IN_LABEL = re.compile(r"\brank\s*(\d+)", re.IGNORECASE)
 _NO_INT = np.zeros(0, dtype=np.int64)
 
 
-@dataclass
-class ProcessView:
+class ProcessView(msgspec.Struct):
     """One process (or rank) of a trace file, with the GPU work it launched."""
 
     data: TraceData
@@ -35,13 +34,13 @@ class ProcessView:
     label: str
     rank: Optional[int]
     threads: dict[Pid, HostThread]
-    gpu_index: np.ndarray = field(default_factory=lambda: _NO_INT)  # indices into data.gpu, ascending
-    launch_thread: np.ndarray = field(default_factory=lambda: _NO_INT)  # per activity: index into tids, -1 unknown
-    launch_index: np.ndarray = field(default_factory=lambda: _NO_INT)  # index in that thread, or -1
-    launch_ts: np.ndarray = field(default_factory=lambda: np.zeros(0))  # host time of the launch (own start if unknown)
-    steps: list[StepMark] = field(default_factory=list)
-    _trees: dict[Pid, ThreadTree] = field(default_factory=dict)
-    _runtime: dict[Pid, np.ndarray] = field(default_factory=dict)
+    gpu_index: np.ndarray = msgspec.field(default_factory=lambda: _NO_INT)  # indices into data.gpu, ascending
+    launch_thread: np.ndarray = msgspec.field(default_factory=lambda: _NO_INT)  # per activity: index into tids, -1 unknown
+    launch_index: np.ndarray = msgspec.field(default_factory=lambda: _NO_INT)  # index in that thread, or -1
+    launch_ts: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0))  # host time of the launch (own start if unknown)
+    steps: list[StepMark] = msgspec.field(default_factory=list)
+    _trees: dict[Pid, ThreadTree] = msgspec.field(default_factory=dict)
+    _runtime: dict[Pid, np.ndarray] = msgspec.field(default_factory=dict)
 
     @property
     def gpu(self) -> GpuActivities:

@@ -7,7 +7,7 @@ the one during which it ran: the GPU often runs behind the host, and an incident
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 from typing import Optional, Sequence
 
 import numpy as np
@@ -22,8 +22,7 @@ from .processes import ProcessView
 from .syncs import SyncFinding
 
 
-@dataclass
-class StepStats:
+class StepStats(msgspec.Struct):
     number: int
     ts: float
     dur: float
@@ -32,7 +31,7 @@ class StepStats:
     top_kernel: Optional[int] = None  # name id with the most kernel time in the step
     busy: float = 0  # union of the step's kernel intervals, summed over devices (int 0 when none, as sum([]))
     gpu_end: float = 0.0
-    launches: LaunchStats = field(default_factory=LaunchStats)
+    launches: LaunchStats = msgspec.field(default_factory=LaunchStats)
     copy_count: int = 0
     copy_time: float = 0.0
     collective_time: float = 0.0

@@ -20,7 +20,6 @@ import gzip
 import json
 import re
 import zlib
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator, Optional
 
 import msgspec
@@ -43,11 +42,10 @@ except ImportError:  # optional: the standard library does the same job
 _KEPT_MEMBERS = frozenset({"distributedInfo", "displayTimeUnit", "schemaVersion", "traceName", "baseTimeNanoseconds"})
 
 
-@dataclass
-class TopLevel:
+class TopLevel(msgspec.Struct):
     """What the stream learnt besides events; complete once the event iterator is exhausted."""
 
-    members: dict[str, Any] = field(default_factory=dict)
+    members: dict[str, Any] = msgspec.field(default_factory=dict)
     saw_events: bool = False
     skipped_events: int = 0  # entries of traceEvents whose fields had unusable types
 

@@ -9,7 +9,7 @@ meaning or disappears (new fields may be added within a version).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import msgspec
 from pathlib import Path
 
 from . import collectives, cpu, gaps, intervals, kernels, launches, steps, syncs
@@ -22,8 +22,7 @@ SCHEMA_VERSION = 1
 _TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-@dataclass
-class ProcessResult:
+class ProcessResult(msgspec.Struct):
     view_label: str
     gpu: kernels.GpuStats
     collectives: collectives.CollectiveStats

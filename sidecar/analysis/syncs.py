@@ -19,7 +19,7 @@ hidden-sync detector can reuse it as is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 from typing import Optional, Sequence
 
 import numpy as np
@@ -78,8 +78,7 @@ def call_kind(name: str) -> Optional[str]:
     return None
 
 
-@dataclass(frozen=True)
-class SyncFinding:
+class SyncFinding(msgspec.Struct, frozen=True):
     name: str  # the API called
     kind: str  # sync | blocking_copy | pageable_copy
     tid: object
