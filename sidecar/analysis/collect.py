@@ -127,11 +127,15 @@ class Collector:
         name_id = self._name_id
         track_ids = self._track_ids
         last_pid = last_tid = object()  # matches no pid
-        RUNTIME, ANNOTATION, KERNEL = Kind.RUNTIME, Kind.ANNOTATION, Kind.KERNEL
+        # Locals, and plain ints rather than IntEnum members: both measurably cheaper per event.
+        RUNTIME, ANNOTATION, KERNEL = int(Kind.RUNTIME), int(Kind.ANNOTATION), int(Kind.KERNEL)
+        complete, metadata = CompleteEvent, MetadataEvent
         t_ts = t_dur = t_name = t_kind = t_corr = None
+        g_ts, g_dur, g_name, g_kind, g_track = gpu.ts.append, gpu.dur.append, gpu.name.append, gpu.kind.append, gpu.track.append
+        g_device, g_stream, g_corr, g_nbytes = gpu.device.append, gpu.stream.append, gpu.corr.append, gpu.nbytes.append
         for ev in batch:
-            if type(ev) is not CompleteEvent:
-                if type(ev) is MetadataEvent:
+            if type(ev) is not complete:
+                if type(ev) is metadata:
                     self._metadata(ev)  # type: ignore[arg-type]
                 elif ev.cat in kinds:
                     data.ignored_count += 1
@@ -151,29 +155,29 @@ class Collector:
                 nid = name_id(ev.name)
             args = ev.args
             if kind >= KERNEL:
-                gpu.ts.append(ts)
-                gpu.dur.append(dur)
-                gpu.name.append(nid)
-                gpu.kind.append(kind)
+                g_ts(ts)
+                g_dur(dur)
+                g_name(nid)
+                g_kind(kind)
                 track = track_ids.get(ev.pid)
                 if track is None:
                     track = track_ids[ev.pid] = len(data.tracks)
                     data.tracks.append(ev.pid)
-                gpu.track.append(track)
+                g_track(track)
                 if args is None:
-                    gpu.device.append(_int_or(ev.pid, -1))
-                    gpu.stream.append(_int_or(ev.tid, -1))
-                    gpu.corr.append(-1)
-                    gpu.nbytes.append(0)
+                    g_device(_int_or(ev.pid, -1))
+                    g_stream(_int_or(ev.tid, -1))
+                    g_corr(-1)
+                    g_nbytes(0)
                 else:
                     device = args.device
-                    gpu.device.append(device if type(device) is int else _int_or(device if device is not None else ev.pid, -1))
+                    g_device(device if type(device) is int else _int_or(device if device is not None else ev.pid, -1))
                     stream = args.stream
-                    gpu.stream.append(stream if type(stream) is int else _int_or(stream if stream is not None else ev.tid, -1))
+                    g_stream(stream if type(stream) is int else _int_or(stream if stream is not None else ev.tid, -1))
                     corr = args.correlation
-                    gpu.corr.append(corr if type(corr) is int else _int_or(corr, -1))
+                    g_corr(corr if type(corr) is int else _int_or(corr, -1))
                     nbytes = args.bytes
-                    gpu.nbytes.append(nbytes if type(nbytes) is int else _int_or(nbytes, 0))
+                    g_nbytes(nbytes if type(nbytes) is int else _int_or(nbytes, 0))
                 continue
             pid, tid = ev.pid, ev.tid
             if pid != last_pid or tid != last_tid:  # consecutive events mostly share a thread
