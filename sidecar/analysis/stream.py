@@ -68,7 +68,7 @@ class _Buffer:
     def __init__(self, path: str, f: BinaryIO) -> None:
         self.path = path
         self._f = f
-        self.buf = b""
+        self.buf = bytearray()  # mutable: _fast_slice brackets a run of events in place
         self.pos = 0
         self.base = 0  # absolute offset of buf[0]
         self.eof = False
@@ -90,9 +90,13 @@ class _Buffer:
         if not chunk:
             self.eof = True
             return False
-        self.base += self.pos
-        self.buf = self.buf[self.pos :] + chunk
-        self.pos = 0
+        # Drop what was consumed but the byte before pos, where _fast_slice writes its '['.
+        # Deleting from the front of a bytearray moves a start offset rather than the data.
+        drop = max(self.pos - 1, 0)
+        del self.buf[:drop]
+        self.base += drop
+        self.pos -= drop
+        self.buf += chunk
         return True
 
     def peek(self) -> Optional[int]:
@@ -155,7 +159,7 @@ def read_events(path: str, top: TopLevel) -> Iterator[list[RawEvent]]:
             buf.pos += 1
             yield from _object_members(buf, top)
         else:
-            raise buf.error(f"not JSON trace data: it starts with {buf.buf[buf.pos:buf.pos + 16]!r}")
+            raise buf.error(f"not JSON trace data: it starts with {bytes(buf.buf[buf.pos:buf.pos + 16])!r}")
         if buf.peek() is not None:
             raise buf.error("unexpected data after the end of the trace JSON")
     if not top.saw_events:
@@ -234,11 +238,10 @@ def _fast_slice(buf: _Buffer, decoder: msgspec.json.Decoder, top: TopLevel) -> O
         cut = _last_boundary(data, start, limit)
         if cut is None:
             return None
-        piece = b"[" + data[start:cut] + b"]"
         try:
-            batch = decoder.decode(piece)
+            batch = _decode_run(data, start, cut, decoder)
         except msgspec.ValidationError:
-            batch = _lenient(piece, top)
+            batch = _lenient(b"[" + data[start:cut] + b"]", top)
         except msgspec.DecodeError as exc:
             m = _ERROR_BYTE.search(str(exc))
             # The error lies at or after this position, so only an earlier candidate can work.
@@ -249,6 +252,25 @@ def _fast_slice(buf: _Buffer, decoder: msgspec.json.Decoder, top: TopLevel) -> O
             return None
         buf.pos = _WS.match(data, cut).end() + 1  # type: ignore[union-attr]  # past the ','
         return batch
+
+
+def _decode_run(data: bytearray, start: int, cut: int, decoder: msgspec.json.Decoder) -> list[RawEvent]:
+    """Decode data[start:cut] as a JSON array without copying it: the byte before it (the ',' or
+    '[' before the run) and the byte after it (space or the ',' of the boundary) become '[' and ']'
+    for the decode and are put back after. Copying each 1 MiB run into a new bytes object cost
+    about 15 ms on the largest shared trace. Error positions count from that '[', as they would
+    in a copy with a '[' prepended."""
+    if start == 0:  # no byte before the run (never once the array's '[' is read): copy instead
+        return decoder.decode(b"[" + data[start:cut] + b"]")
+    before, after = data[start - 1], data[cut]
+    data[start - 1], data[cut] = 0x5B, 0x5D  # '[' and ']'
+    view = memoryview(data)
+    try:
+        with view[start - 1 : cut + 1] as run:
+            return decoder.decode(run)
+    finally:
+        view.release()  # before anything resizes the bytearray
+        data[start - 1], data[cut] = before, after
 
 
 def _last_boundary(data: bytes, start: int, limit: int) -> Optional[int]:
