@@ -43,7 +43,7 @@ class ThreadTree(msgspec.Struct):
 def build_tree(thread: HostThread) -> ThreadTree:
     ts, dur = thread.ts, thread.dur
     n = len(ts)
-    order = np.lexsort((-dur, ts))  # by start, longest first; stable, like sorted()
+    order = start_order(ts, dur)
     start = ts[order]
     end = start + dur[order]
     pos = _latest_earlier_ending_after(start, end)  # parent's position in `order`, -1 for none
@@ -54,6 +54,27 @@ def build_tree(thread: HostThread) -> ThreadTree:
     child_end = np.minimum(end[has], end[pos[has]])
     child_time = np.bincount(parent_sorted[has], weights=child_end - start[has], minlength=n) if n else np.zeros(0)
     return ThreadTree(parent=parent, child_time=child_time)
+
+
+def start_order(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Indices by start, longest first among equal starts, file order among full ties: exactly
+    ``np.lexsort((-dur, ts))``. A thread's events are nearly in start order already, where a
+    stable argsort of ts alone is ~20x cheaper than lexsort; only the runs of equal starts (a
+    parent and its first child) are then ordered by duration, with lexsort over those alone."""
+    order = np.argsort(ts, kind="stable")
+    if len(order) < 2:
+        return order
+    sorted_ts = ts[order]
+    tied = sorted_ts[1:] == sorted_ts[:-1]
+    if not tied.any():
+        return order
+    member = np.zeros(len(order), dtype=bool)
+    member[:-1] |= tied
+    member[1:] |= tied
+    at = np.flatnonzero(member)
+    group = order[at]  # equal starts stay together: ts is the first key again
+    order[at] = group[np.lexsort((-dur[group], ts[group]))]
+    return order
 
 
 def _latest_earlier_ending_after(start: np.ndarray, end: np.ndarray, chunk: int = 1 << 13) -> np.ndarray:

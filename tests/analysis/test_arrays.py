@@ -23,3 +23,16 @@ def test_edge_cases():
     assert distinct(np.array([7])).tolist() == [7]
     big = np.array([2**40, 5, 2**40], dtype=np.int64)  # correlation ids may be large
     assert isin(big, [2**40]).tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_start_order_is_lexsort_by_start_then_longest_first(seed):
+    from sidecar.analysis.nesting import start_order
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    ts = np.sort(rng.integers(0, 40, size=n)).astype(np.float64)  # nearly sorted, many ties
+    moved = rng.integers(0, n, size=n // 10) if n else np.zeros(0, dtype=np.int64)
+    ts[moved] = rng.integers(0, 40, size=len(moved))  # some out of order
+    dur = rng.integers(0, 5, size=n).astype(np.float64)  # ties in duration too
+    assert start_order(ts, dur).tolist() == np.lexsort((-dur, ts)).tolist()
