@@ -90,15 +90,8 @@ def find_gaps(view: ProcessView, stats: GpuStats, syncs: Sequence[SyncFinding], 
 
 
 def _mostly_copies(copies: intervals.Spans, g_start: np.ndarray, g_end: np.ndarray) -> np.ndarray:
-    """Gaps during which copies ran for at least half the time. Only gaps that some copy overlaps
-    are measured (exactly, as before); the others are covered 0."""
-    first = np.searchsorted(copies.end, g_start, side="right")  # first copy ending after the gap starts
-    last = np.searchsorted(copies.start, g_end, side="left")  # first copy starting at or after its end
-    out = 0.0 >= 0.5 * (g_end - g_start)
-    for row in np.flatnonzero(last > first).tolist():
-        lo, hi = float(g_start[row]), float(g_end[row])
-        out[row] = intervals.covered(copies, lo, hi) >= 0.5 * (hi - lo)
-    return out
+    """Gaps during which copies ran for at least half the time."""
+    return intervals.covered(copies, g_start, g_end) >= 0.5 * (g_end - g_start)
 
 
 def _blocking_syncs(sync_list: Sequence[SyncFinding], g_start: np.ndarray, chunk: int = 2048) -> np.ndarray:

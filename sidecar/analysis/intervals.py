@@ -70,18 +70,20 @@ def intersect(a: Spans, b: Spans) -> Spans:
     return Spans(start[keep], end[keep])
 
 
-def covered(spans: Spans, lo: float, hi: float) -> float:
-    """How much of [lo, hi] a union covers. Bisects to the first candidate, so many queries on
-    a long union stay cheap."""
-    k = max(0, int(np.searchsorted(spans.start, lo, side="right")) - 1)
-    done = 0.0
-    n = len(spans)
-    while k < n and spans.start[k] < hi:
-        start, end = float(spans.start[k]), float(spans.end[k])
-        if end > lo:
-            done += min(end, hi) - max(start, lo)
-        k += 1
-    return done
+def covered(spans: Spans, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """How much of each [lo, hi] a union covers, for many windows at once: the union's covered
+    length up to hi minus that up to lo, from one prefix sum of its interval lengths."""
+    return _covered_until(spans, hi) - _covered_until(spans, lo)
+
+
+def _covered_until(spans: Spans, t: np.ndarray) -> np.ndarray:
+    """Covered length of (-inf, t] for each t."""
+    lengths = spans.end - spans.start
+    before = np.concatenate(([0.0], np.cumsum(lengths)))  # before[k]: length of intervals 0..k-1
+    k = np.searchsorted(spans.start, t, side="right")  # intervals starting at or before t
+    last = np.maximum(k - 1, 0)
+    partial = np.clip(t - spans.start[last], 0.0, lengths[last]) if len(spans) else np.zeros(len(t))
+    return np.where(k > 0, before[last] + partial, 0.0)
 
 
 def gaps(spans: Spans) -> Spans:

@@ -36,3 +36,17 @@ def test_start_order_is_lexsort_by_start_then_longest_first(seed):
     ts[moved] = rng.integers(0, 40, size=len(moved))  # some out of order
     dur = rng.integers(0, 5, size=n).astype(np.float64)  # ties in duration too
     assert start_order(ts, dur).tolist() == np.lexsort((-dur, ts)).tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_covered_matches_a_walk_over_the_union(seed):
+    from sidecar.analysis import intervals
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    start = rng.integers(0, 1000, size=n).astype(np.float64)
+    spans = intervals.union(start, start + rng.integers(0, 50, size=n))
+    lo = rng.integers(-50, 1100, size=40).astype(np.float64)
+    hi = lo + rng.integers(0, 200, size=40)
+    expected = [sum(max(0.0, min(e, h) - max(s, l)) for s, e in zip(spans.start.tolist(), spans.end.tolist())) for l, h in zip(lo.tolist(), hi.tolist())]
+    assert intervals.covered(spans, lo, hi) == pytest.approx(expected, abs=1e-9)
