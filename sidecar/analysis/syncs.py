@@ -111,12 +111,13 @@ def find_syncs(view: ProcessView, busy: intervals.Spans) -> list[SyncFinding]:
         last_copy_was_dtoh = False
         for i, nid, start, dur, corr in zip(calls.tolist(), thread.name[calls].tolist(), thread.ts[calls].tolist(), thread.dur[calls].tolist(), thread.corr[calls].tolist()):
             kind, is_copy = per_name[nid]
-            gpu_copy = copy_names.get(corr) if is_copy else None
-            if kind is None and gpu_copy is not None and is_pageable_dtoh(gpu_copy):
+            # (is a DtoH copy, is a pageable DtoH copy) of the GPU copy this call made, if any
+            dtoh, pageable = copy_names.get(corr, _NOT_A_COPY) if is_copy else _NOT_A_COPY
+            if kind is None and pageable:
                 kind = "pageable_copy"
             if kind is None:
                 if is_copy:
-                    last_copy_was_dtoh = gpu_copy is not None and memcpy_direction(gpu_copy) == "DtoH"
+                    last_copy_was_dtoh = dtoh
                 continue
             site, python, stack = view.enclosing(tid, i)
             findings.append(
@@ -179,12 +180,19 @@ def summarize(findings: Sequence[SyncFinding], top_sites: int = 5) -> list[dict]
     return out
 
 
-def _copy_names(view: ProcessView) -> dict[int, str]:
-    """correlation → GPU memcpy name, for telling a DtoH (pageable) copy from the others."""
+_NOT_A_COPY = (False, False)
+
+
+def _copy_names(view: ProcessView) -> dict[int, tuple[bool, bool]]:
+    """correlation → (DtoH, pageable DtoH) of the GPU memcpy it made, for telling a DtoH
+    (pageable) copy from the others. Names are classified once each, not once per copy."""
     names = view.data.names
     kind, corr, name = view.columns("kind", "corr", "name")
     pick = (kind == Kind.MEMCPY) & (corr != -1)
-    return {c: names[n] for c, n in zip(corr[pick].tolist(), name[pick].tolist())}
+    flags: dict[int, tuple[bool, bool]] = {}
+    for nid in distinct(name[pick]).tolist():
+        flags[nid] = (memcpy_direction(names[nid]) == "DtoH", is_pageable_dtoh(names[nid]))
+    return {c: flags[n] for c, n in zip(corr[pick].tolist(), name[pick].tolist())}
 
 
 def _idle_after(busy: intervals.Spans, start: float, end: float) -> float:
