@@ -20,7 +20,11 @@ def main() -> None:
     parser.add_argument("--steps-then-idle", type=int, default=None, help="take N working steps, then none")
     parser.add_argument("--step-ms", type=float, default=2.0)
     parser.add_argument("--planted-sync", action="store_true", help="an .item() in every step (PLANTED_LINE)")
+    parser.add_argument("--fake-cuda-watch", type=int, default=0, metavar="EVERY",
+                        help="run the always-on sync watch on tests/fake_cuda.py's stand-in for CUDA's sync debug mode, "
+                             "sampling one step in EVERY, with a synchronising op in every step (WATCHED_LINE)")
     args = parser.parse_args()
+    watch, fake_sync = _fake_cuda_watch(args.fake_cuda_watch) if args.fake_cuda_watch else (None, None)
     x = torch.randn(32, 32)
     if args.role == "api_server":
         loop = asyncio.new_event_loop()
@@ -33,7 +37,7 @@ def main() -> None:
 
         loop.run_until_complete(serve())
         return
-    probe = Probe(args.role, args.rank, engine="fake", cuda_available=False).start()
+    probe = Probe(args.role, args.rank, engine="fake", cuda_available=False, sync_watch=watch).start()
     taken = 0
     while True:
         has_work = args.steps_then_idle is None or taken < args.steps_then_idle
@@ -42,11 +46,24 @@ def main() -> None:
             total = (x @ x).sum()
             if args.planted_sync:
                 total.item()  # PLANTED_LINE
+            if fake_sync is not None:
+                fake_sync()  # WATCHED_LINE
             taken += 1
         probe.step_end(has_work)
         time.sleep(args.step_ms / 1000 if has_work else 0.05)
         if not has_work:
             threading.Event().wait()  # an idle engine blocks waiting for work, taking no steps
+
+
+def _fake_cuda_watch(every: int):
+    from fake_cuda import FILE, FakeSwitch, make_sync_op
+
+    from sidecar.syncs import SiteLocator, SyncWatch
+    from sidecar.syncs.sites import default_skip_dirs
+
+    switch = FakeSwitch()
+    locator = SiteLocator(skip_dirs=default_skip_dirs() + (FILE,))
+    return SyncWatch(switch, every=every, locator=locator), make_sync_op(switch)
 
 
 if __name__ == "__main__":

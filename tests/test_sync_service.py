@@ -74,3 +74,50 @@ async def test_scan_parameters_and_conflicts(sidecar, engines):  # noqa: F811
     assert result["state"] == "failed" and "stopped by request" in result["reason"]
     assert (await client.post("/sync/stop")).status == 409
     assert (await client.get("/sync/s20990101-000000-abcdef")).status == 404
+
+
+WATCHED_LINE = next(n for n, line in enumerate(FAKE_ENGINE.read_text().splitlines(), 1) if "# WATCHED_LINE" in line)
+
+
+async def test_always_on_watch_reaches_the_sidecar(sidecar, engines):  # noqa: F811
+    """A probe's always-on watch (on tests/fake_cuda.py's stand-in for CUDA's sync debug mode) goes
+    out in its heartbeats: /syncs/watch merges it, /metrics counts it; another process without a
+    watch adds nothing."""
+    client = await sidecar()
+    engines(client.url, "worker", "--rank", "0", "--fake-cuda-watch", "4")
+    engines(client.url, "engine_core")
+    await wait_processes(client, 2)
+    for _ in range(300):
+        body = await (await client.get("/syncs/watch")).json()
+        if body["sites"] and body["sites"][0]["count"] >= 3:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError(f"no watch report: {body}")
+    [process] = body["processes"]
+    assert process["process"].startswith("worker") and process["state"] == "watching" and process["every"] == 4
+    assert process["sampled_steps"] >= 3 and process["errors"] == 0
+    [site] = body["sites"]
+    assert (Path(site["file"]).name, site["line"], site["op"]) == ("fake_engine.py", WATCHED_LINE, "cuda_sync")
+    assert site["classification"] == "hidden" and site["processes"] == [process["process"]]
+    assert site["count_per_step"] == 1.0, "one sync per sampled step, every sampled step"
+
+    metrics = await (await client.get("/metrics")).text()
+    line = next(l for l in metrics.splitlines() if l.startswith("sidecar_sync_watch_calls_total{"))
+    assert f'site="' in line and f'fake_engine.py:{WATCHED_LINE}"' in line and 'classification="hidden"' in line
+    assert float(line.rsplit(" ", 1)[1]) >= 3
+
+
+async def test_watch_asked_for_without_cuda_says_why(sidecar, engines, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("SIDECAR_SYNC_WATCH", "1")
+    client = await sidecar()
+    engines(client.url, "worker", "--rank", "0")
+    await wait_processes(client, 1)
+    for _ in range(100):
+        body = await (await client.get("/syncs/watch")).json()
+        if body["processes"]:
+            break
+        await asyncio.sleep(0.1)
+    [process] = body["processes"]
+    assert process["state"] == "unavailable" and "CUDA is not available" in process["reason"]
+    assert body["sites"] == []

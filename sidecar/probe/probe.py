@@ -43,6 +43,7 @@ class Probe:
         loop=None,
         cuda_available: bool | None = None,
         on_capture_report: Callable[[dict[str, Any]], None] | None = None,
+        sync_watch: Any = None,
     ) -> None:
         if cuda_available is None:
             cuda_available = _cuda_available()
@@ -54,13 +55,18 @@ class Probe:
         self._scan = None  # a sidecar.syncs.SyncScan while a hidden-sync scan runs
         self._loop = loop  # asyncio loop for window captures (API server)
         self._on_capture_report = on_capture_report  # also told of window captures (capture spans)
+        # The always-on sync watch (sidecar.syncs.watch), step-driven processes only; None when off.
+        self._watch, self._watch_note = (sync_watch, None) if sync_watch is not None else _watch_from_environment(self.identity)
+        if self._watch is not None:
+            self._watch.install()
+        self._watch_sent = -1  # the watch version the sidecar last received (-1: none since connecting)
         self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-sidecar-export")
         self._link = SidecarLink(
             endpoint or config.endpoint(),
             self.identity,
             on_message=self._on_message,
             on_disconnect=self._on_disconnect,
-            heartbeat=lambda: {"steps": self.steps},
+            heartbeat=self._heartbeat,
             warmup=_warm_profiler_imports,
         )
 
@@ -87,10 +93,15 @@ class Probe:
         scan = self._scan
         if scan is not None:
             scan.on_step_begin(has_work)  # SyncScan contains its own errors
+        elif self._watch is not None:  # a scan, when one runs, sees every sync anyway
+            self._watch.step_begin(has_work, self.steps)  # SyncWatch contains its own errors
 
     def step_end(self, did_work: bool) -> None:
         if did_work:
             self.steps += 1
+        watch = self._watch
+        if watch is not None and watch.on:
+            watch.step_end()
         capture = self._capture
         if capture is not None:
             try:
@@ -173,13 +184,45 @@ class Probe:
             except Exception:
                 log.debug("inference-sidecar: capture report callback failed", exc_info=True)
 
+    def _heartbeat(self) -> dict[str, Any]:
+        """The heartbeat's payload (link thread): step count, and the watch's report when it has
+        changed since the sidecar last got it."""
+        beat: dict[str, Any] = {"steps": self.steps}
+        watch = self._watch
+        if watch is not None and watch.version != self._watch_sent:
+            self._watch_sent = watch.version
+            beat["sync_watch"] = watch.report()
+        elif self._watch_note is not None and self._watch_sent == -1:
+            self._watch_sent = 0
+            beat["sync_watch"] = {"state": "unavailable", "reason": self._watch_note, "sites": []}
+        return beat
+
     def _on_disconnect(self) -> None:
+        self._watch_sent = -1  # a new sidecar (or the same, restarted) needs the report again
         capture = self._capture
         if capture is not None:
             capture.request_stop("sidecar disconnected")
         scan = self._scan
         if scan is not None:
             scan.request_stop("sidecar disconnected")
+
+
+def _watch_from_environment(identity: ProcessIdentity) -> tuple[Any, str | None]:
+    """(SyncWatch, None) where SIDECAR_SYNC_WATCH=1 and this process can run one; (None, why not)
+    where it is asked for but cannot run; (None, None) where it is off or not for this process."""
+    from ..syncs import settings
+
+    if not settings.watch_enabled() or not identity.step_driven:
+        return None, None
+    from ..syncs.watch import SyncWatch, cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        log.warning("inference-sidecar: %s=1 but the sync watch cannot run here: %s", settings.ENV_WATCH, reason)
+        return None, reason
+    from ..syncs.allowlist import from_environment
+
+    return SyncWatch(every=settings.watch_every(), allowlist=from_environment()), None
 
 
 def _cuda_available() -> bool:

@@ -17,12 +17,13 @@ from .. import __version__, auth
 from ..protocol import PROBE_WS_PATH, ProcessIdentity
 from . import merge
 from .metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, add_metrics_routes
-from .sync_findings import SyncFindings
+from .sync_findings import SyncFindings, WatchCollector
 from .captures import FINAL_STATES, CaptureBusy, CaptureManager, NoProbes
 from .params import ParamError, parse_capture_request, parse_scan_request
 from .scans import FINAL as SCAN_FINAL
 from .scans import ScanManager
 from .registry import ProbeRegistry
+from ..syncs.report import merge_watch_reports
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,19 @@ async def syncs(request: web.Request) -> web.Response:
     return web.json_response({"scans": [s.to_json() for s in request.app[SCANS].recent()]})
 
 
+@routes.get("/syncs/watch")
+async def syncs_watch(request: web.Request) -> web.Response:
+    """The always-on sync watch of every connected process (docs/api.md), sites merged."""
+    reports = []
+    for conn in request.app[REGISTRY].all():
+        if conn.sync_watch is not None:
+            reports.append({**conn.sync_watch, "process": conn.identity.label})
+    return web.json_response({
+        "processes": [{k: v for k, v in r.items() if k != "sites"} for r in reports],
+        "sites": merge_watch_reports(reports),
+    })
+
+
 # -- processes and health ----------------------------------------------------------------------------
 @routes.get("/processes")
 async def processes(request: web.Request) -> web.Response:
@@ -262,6 +276,8 @@ async def probe_ws(request: web.Request) -> web.StreamResponse:
                 continue
             if data.get("type") == "heartbeat":
                 conn.observe_steps(int(data.get("steps") or 0), time.time())
+                if isinstance(data.get("sync_watch"), dict):
+                    conn.sync_watch = data["sync_watch"]
             elif data.get("type") == "capture":
                 await manager.on_probe_report(conn, data)
             elif data.get("type") == "sync":
@@ -291,6 +307,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
                                                   c.trace_bytes, (c.finished_at or c.created_at) - c.created_at),
         )
         findings = SyncFindings(app[METRICS_REGISTRY])
+        app[METRICS_REGISTRY].register(WatchCollector(app[REGISTRY]))
         app[SCANS] = ScanManager(app[REGISTRY], settings.trace_dir / "scans", settings.keep, settings.stop_grace_s,
                                  on_finished=findings.observe)
         yield

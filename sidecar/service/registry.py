@@ -25,6 +25,7 @@ class ProbeConnection:
     last_seen: float = field(default_factory=time.time)
     steps: int = 0
     step_rate: float = 0.0  # working steps per second, from the last two heartbeats
+    sync_watch: dict[str, Any] | None = None  # the probe's latest always-on sync watch report
 
     def observe_steps(self, steps: int, now: float) -> None:
         elapsed = now - self.last_seen

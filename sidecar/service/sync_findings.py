@@ -4,6 +4,11 @@ The counter ``sidecar_sync_site_hits_total{classification, op, phase, site}`` ad
 count when a scan finishes, so a dashboard can plot hidden syncs per scan over time. The span
 ``sync_scan`` carries one event per site (``sync_site``) with the site's attributes; it goes to
 whatever TracerProvider the sidecar process has (none configured: a no-op).
+
+The always-on watch (sidecar/syncs/watch.py) reports cumulative counts per process in the probes'
+heartbeats; ``WatchCollector`` exposes them at scrape time as
+``sidecar_sync_watch_calls_total{process, classification, op, phase, site}`` (a process that
+restarts starts again from 0, which Prometheus reads as a counter reset).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily
 
 SPAN_NAME = "sync_scan"
 EVENT_NAME = "sync_site"
@@ -48,3 +54,25 @@ class SyncFindings:
                 "sidecar.sync.blocked_us": float(site.get("blocked_us", 0.0)),
             })
         span.end(int((scan.finished_at or scan.created_at) * 1e9))
+
+
+class WatchCollector:
+    """Reads the sync watch reports of the connected probes when Prometheus scrapes."""
+
+    def __init__(self, probes: Any) -> None:
+        self._probes = probes  # a ProbeRegistry
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "sidecar_sync_watch_calls", "Host-device synchronisations seen by the always-on sync watch (sampled steps), by site.",
+            labels=["process", "classification", "op", "phase", "site"],
+        )
+        for conn in self._probes.all():
+            report = conn.sync_watch or {}
+            for site in report.get("sites", []):
+                family.add_metric(
+                    [conn.identity.label, str(site.get("classification", "")), str(site.get("op", "")),
+                     str(site.get("phase", "")), f"{site.get('path') or site.get('file')}:{site.get('line')}"],
+                    float(site.get("count", 0)),
+                )
+        yield family

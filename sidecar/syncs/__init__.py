@@ -2,7 +2,8 @@
 
 ``SyncScan`` (scan.py) scans N working steps with the probe's step interface; ``SyncDetector``
 (detector.py) does the catching; report.py holds the per-site report, baseline comparison and the
-merge across processes; allowlist.py says which sites are expected. See docs/syncs.md.
+merge across processes; allowlist.py says which sites are expected; ``SyncWatch`` (watch.py) is the
+always-on, sampled watch for CUDA hosts. See docs/syncs.md.
 
 Exports load lazily (PEP 562): the sidecar process merges reports without importing torch, which
 the detector needs and which costs it a second at start-up.
@@ -17,10 +18,12 @@ _EXPORTS = {
     "AllowEntry": "allowlist", "Allowlist": "allowlist", "EXPECTED": "allowlist", "HIDDEN": "allowlist",
     "from_environment": "allowlist", "load_entries": "allowlist",
     "SyncDetector": "detector",
-    "build_sites": "report", "merge_reports": "report", "new_sites": "report",
+    "build_sites": "report", "merge_reports": "report", "merge_watch_reports": "report", "new_sites": "report",
     "SyncScan": "scan", "SyncSpec": "scan",
-    "ENV_ALLOWLIST": "settings", "ENV_TREAT_CPU_AS_DEVICE": "settings",
+    "ENV_ALLOWLIST": "settings", "ENV_TREAT_CPU_AS_DEVICE": "settings", "ENV_WATCH": "settings",
+    "ENV_WATCH_EVERY": "settings",
     "PhaseRule": "sites", "SiteLocator": "sites",
+    "SyncWatch": "watch", "cuda_unavailable_reason": "watch",
 }
 __all__ = sorted(_EXPORTS)
 

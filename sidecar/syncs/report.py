@@ -96,3 +96,27 @@ def merge_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "processes": len(reports),
         "sites": sort_sites(list(merged.values())),
     }
+
+
+def merge_watch_reports(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The sites of several processes' watch reports (watch.py), one per path, line, function and
+    op: counts summed, ``count_per_step`` adding up the per-process rates, the step range widened,
+    hidden if any process classed it hidden. Hidden first, then the most frequent."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for report in reports:
+        label = report.get("process")
+        for site in report.get("sites", []):
+            key = site_key(site)
+            into = merged.get(key)
+            if into is None:
+                into = merged[key] = {**site, "processes": []}
+            else:
+                into["count"] += site["count"]
+                into["count_per_step"] = round(into["count_per_step"] + site["count_per_step"], 3)
+                into["first_step"] = min(into["first_step"], site["first_step"])
+                into["last_step"] = max(into["last_step"], site["last_step"])
+                if site["classification"] == HIDDEN:
+                    into["classification"], into["reason"] = HIDDEN, ""
+            if label is not None and label not in into["processes"]:
+                into["processes"].append(label)
+    return sorted(merged.values(), key=lambda s: (s["classification"] != HIDDEN, -s["count"], s["path"], s["line"]))

@@ -35,3 +35,34 @@ def treat_cpu_as_device() -> bool:
 def allowlist_path() -> str | None:
     raw = os.environ.get(ENV_ALLOWLIST, "").strip()
     return raw or None
+
+
+# 1: the always-on sync watch (watch.py) runs in every engine process that has CUDA. Off by default
+# until it has been run on a CUDA host (docs/syncs.md, "Always-on watch").
+ENV_WATCH = "SIDECAR_SYNC_WATCH"
+
+# The watch samples one working step in this many (default 16).
+ENV_WATCH_EVERY = "SIDECAR_SYNC_WATCH_EVERY"
+
+
+def watch_enabled() -> bool:
+    raw = os.environ.get(ENV_WATCH, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw not in _FALSE:
+        log.warning("%s=%r is not a boolean; using 0", ENV_WATCH, raw)
+    return False
+
+
+def watch_every(default: int = 16) -> int:
+    raw = os.environ.get(ENV_WATCH_EVERY, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        log.warning("%s=%r is not a positive integer; using %d", ENV_WATCH_EVERY, raw, default)
+        return default
+    return value
