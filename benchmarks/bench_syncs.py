@@ -10,6 +10,9 @@ A small Llama-style forward loop (the tiny model's shape: 2 layers, hidden 128, 
   bare_mode  an empty TorchDispatchMode: torch's own price for sending every op through Python,
              the floor under "armed"
 Per-op cost: (armed - none) / aten ops per step. Per-sync cost: an ``.item()`` armed vs bare.
+The always-on watch (watch.py) with a stand-in for torch's CUDA switch (no GPU here): what a step
+it does not sample costs, and what each sync warning it takes costs (the warning raised the way
+c10 raises it, through Python's warnings machinery, then the hook's stack walk).
 
 python benchmarks/bench_syncs.py [--steps 200] [--rounds 5] [--out bench-results/syncs.json]
 """
@@ -30,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from sidecar.syncs import SyncDetector, SyncScan, SyncSpec  # noqa: E402
+from sidecar.syncs import SyncDetector, SyncScan, SyncSpec, SyncWatch  # noqa: E402
+from sidecar.syncs.watch import SYNC_WARNING  # noqa: E402
 
 
 class Block(torch.nn.Module):
@@ -147,6 +151,53 @@ def per_sync_cost(n: int = 2000) -> dict:
     return {"bare_us": round(bare, 2), "armed_us": round(armed, 2), "cost_us": round(armed - bare, 2)}
 
 
+class _StandInSwitch:
+    """torch.cuda's get/set_sync_debug_mode, for a machine without CUDA."""
+
+    mode = 0
+
+    def get(self) -> int:
+        return self.mode
+
+    def set(self, mode: int) -> None:
+        self.mode = mode
+
+
+def watch_cost(n: int = 20000) -> dict:
+    import warnings
+
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    switch = _StandInSwitch()
+    idle = SyncWatch(switch, every=10**9)
+    idle.install()
+    try:
+        step = iter(range(10**9))
+        bare_step = timed(lambda: None)
+        unsampled = timed(lambda: (idle.step_begin(True, next(step)), idle.step_end()))
+    finally:
+        idle.uninstall()
+    watch = SyncWatch(switch, every=1)
+    watch.install()
+    try:
+        watch.step_begin(True, 0)
+        per_sync = timed(lambda: warnings.warn(SYNC_WARNING, UserWarning))
+        watch.step_end()
+        sampled = timed(lambda: (watch.step_begin(True, 1), watch.step_end()))
+    finally:
+        watch.uninstall()
+    assert watch.report()["sites"], "the watch must have seen the syncs"
+    return {
+        "unsampled_step_us": round(unsampled - bare_step, 3),
+        "sampled_step_us": round(sampled - bare_step, 3),
+        "per_sync_us": round(per_sync, 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=200)
@@ -175,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_none": {m: round(median[m] / median["none"], 4) for m in modes},
         "per_op_cost_us": {m: round((median[m] - median["none"]) / ops, 2) for m in ("armed", "armed_cpu", "bare_mode")},
         "per_sync": per_sync_cost(),
+        "watch_stand_in": watch_cost(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
@@ -184,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     cost = result["per_op_cost_us"]
     print(f"per aten op while armed: {cost['armed']} us (armed_cpu {cost['armed_cpu']} us; an empty dispatch mode {cost['bare_mode']} us)")
     print(f"per .item(): bare {result['per_sync']['bare_us']} us, armed {result['per_sync']['armed_us']} us")
+    w = result["watch_stand_in"]
+    print(f"always-on watch (stand-in switch): step not sampled {w['unsampled_step_us']} us, sampled step "
+          f"{w['sampled_step_us']} us + {w['per_sync_us']} us per sync seen")
     print(f"written: {args.out}")
     return 0
 
