@@ -40,3 +40,16 @@ def test_make_model_builds_a_loadable_model(tmp_path):
     prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>assistant\n")
     assert tok.decode(tok.encode("the model server")) == "the model server"
+
+
+def test_help_lists_every_command_and_a_command_loads_only_its_own_module():
+    result = run("--help")
+    assert result.returncode == 0
+    for command in ("serve", "capture", "analyze", "make-model"):
+        assert command in result.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; from sidecar.cli import build_parser; build_parser('analyze');"
+         "print(sorted(m for m in ('sidecar.service.cli', 'sidecar.client', 'sidecar.devtools.local_model') if m in sys.modules))"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert probe.stdout.strip() == "[]", probe.stderr
