@@ -70,41 +70,31 @@ def merge_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One report from the reports of several processes (each a ``sync`` message, optionally with a
     ``process`` label). Sites with the same path, line, function and op are summed;
     ``count_per_step`` adds up the per-process rates (syncs per engine step across all processes)."""
-    merged: dict[tuple, dict[str, Any]] = {}
-    for report in reports:
-        label = report.get("process") or report.get("pid")
-        for site in report.get("sites", []):
-            key = site_key(site)
-            into = merged.get(key)
-            if into is None:
-                into = merged[key] = {**site, "processes": []}
-            else:
-                into["count"] += site["count"]
-                into["count_per_step"] = round(into["count_per_step"] + site["count_per_step"], 3)
-                into["blocked_us"] = round(into["blocked_us"] + site["blocked_us"], 1)
-                into["first_step"] = min(into["first_step"], site["first_step"])
-                into["last_step"] = max(into["last_step"], site["last_step"])
-                if site["classification"] == HIDDEN:
-                    into["classification"], into["reason"] = HIDDEN, ""
-            if label is not None and label not in into["processes"]:
-                into["processes"].append(label)
     steps = [r.get("steps_recorded", 0) for r in reports]
     return {
         "type": "sync",
         "scan_id": next((r.get("scan_id") for r in reports if r.get("scan_id")), None),
         "steps_recorded": min(steps) if steps else 0,
         "processes": len(reports),
-        "sites": sort_sites(list(merged.values())),
+        "sites": sort_sites(_merged_sites(reports, lambda r: r.get("process") or r.get("pid"))),
     }
 
 
 def merge_watch_reports(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The sites of several processes' watch reports (watch.py), one per path, line, function and
-    op: counts summed, ``count_per_step`` adding up the per-process rates, the step range widened,
-    hidden if any process classed it hidden. Hidden first, then the most frequent."""
+    """The sites of several processes' watch reports (watch.py, each with a ``process`` label),
+    merged as in ``merge_reports``; hidden first, then the most frequent (watch sites have no
+    ``blocked_us``)."""
+    merged = _merged_sites(reports, lambda r: r.get("process"))
+    return sorted(merged, key=lambda s: (s["classification"] != HIDDEN, -s["count"], s["path"], s["line"]))
+
+
+def _merged_sites(reports: Sequence[Mapping[str, Any]], label_of) -> list[dict[str, Any]]:
+    """Sites with the same path, line, function and op summed over reports: counts and (where
+    present) blocked time added, per-process rates added, the step range widened, hidden if any
+    report classed it hidden, and the labels of the processes that saw it."""
     merged: dict[tuple, dict[str, Any]] = {}
     for report in reports:
-        label = report.get("process")
+        label = label_of(report)
         for site in report.get("sites", []):
             key = site_key(site)
             into = merged.get(key)
@@ -113,10 +103,12 @@ def merge_watch_reports(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, 
             else:
                 into["count"] += site["count"]
                 into["count_per_step"] = round(into["count_per_step"] + site["count_per_step"], 3)
+                if "blocked_us" in into:
+                    into["blocked_us"] = round(into["blocked_us"] + site["blocked_us"], 1)
                 into["first_step"] = min(into["first_step"], site["first_step"])
                 into["last_step"] = max(into["last_step"], site["last_step"])
                 if site["classification"] == HIDDEN:
                     into["classification"], into["reason"] = HIDDEN, ""
             if label is not None and label not in into["processes"]:
                 into["processes"].append(label)
-    return sorted(merged.values(), key=lambda s: (s["classification"] != HIDDEN, -s["count"], s["path"], s["line"]))
+    return list(merged.values())

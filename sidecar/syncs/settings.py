@@ -24,11 +24,15 @@ _FALSE = ("", "0", "false", "no", "off")
 
 
 def treat_cpu_as_device() -> bool:
-    raw = os.environ.get(ENV_TREAT_CPU_AS_DEVICE, "").strip().lower()
+    return _flag(ENV_TREAT_CPU_AS_DEVICE)
+
+
+def _flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
     if raw in _TRUE:
         return True
     if raw not in _FALSE:
-        log.warning("%s=%r is not a boolean; using 0", ENV_TREAT_CPU_AS_DEVICE, raw)
+        log.warning("%s=%r is not a boolean; using 0", name, raw)
     return False
 
 
@@ -46,12 +50,7 @@ ENV_WATCH_EVERY = "SIDECAR_SYNC_WATCH_EVERY"
 
 
 def watch_enabled() -> bool:
-    raw = os.environ.get(ENV_WATCH, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw not in _FALSE:
-        log.warning("%s=%r is not a boolean; using 0", ENV_WATCH, raw)
-    return False
+    return _flag(ENV_WATCH)
 
 
 def watch_every(default: int = 16) -> int:
