@@ -211,7 +211,8 @@ def test_capture_span_links_the_requests_in_flight(traced_stack, phoenix, backgr
     with background_load(traced_stack, concurrency=4, duration_s=6) as load:
         time.sleep(1.5)
         capture = client.wait(client.start(3)["id"], timeout=60)
-    assert not load.join().failures and capture["state"] == "done", capture
+    result = load.join()
+    assert not result.failures and capture["state"] == "done", capture
     deadline = time.monotonic() + 30
     while True:
         raw = [s for s in phoenix.raw_spans() if s["name"] == "sidecar capture"
@@ -224,6 +225,9 @@ def test_capture_span_links_the_requests_in_flight(traced_stack, phoenix, backgr
     attrs = span["attributes"]
     assert attrs["sidecar.capture.state"] == "done" and attrs["sidecar.capture.steps"] == 3
     assert attrs["sidecar.capture.trace_url"].endswith(capture["trace"])
-    # Four clients were streaming throughout the window. Phoenix's REST API does not return links, so
-    # the count is checked here and the links themselves in test_inflight_and_captures.py.
-    assert 1 <= attrs["sidecar.capture.linked_requests"] <= 4 + 4, attrs
+    # Four clients were streaming throughout the window, so at least one request is linked; each
+    # linked request is one of the load's. (The window can last seconds on two busy cores, so the
+    # clients go through several requests in it: 11 links were once seen, over a bound of 4 + 4.)
+    # Phoenix's REST API does not return links, so the count is checked here and the links
+    # themselves in test_inflight_and_captures.py.
+    assert 1 <= attrs["sidecar.capture.linked_requests"] <= len(result.results), attrs
