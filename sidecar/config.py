@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -57,5 +58,33 @@ def endpoint() -> str:
     return value.rstrip("/")
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+
+
+def parse_bool(raw: str, name: str) -> bool:
+    """The one reading of a boolean setting (environment variable, query parameter, flag).
+    Raises ValueError naming ``name`` for anything but 1/0, true/false, yes/no, on/off (any case)."""
+    value = raw.strip().lower()
+    if value in TRUE_WORDS:
+        return True
+    if value in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+def env_flag(name: str, default: bool = False, env: Mapping[str, str] | None = None) -> bool:
+    """A boolean environment variable. A bad value is logged as an error naming the variable and the
+    default is used: a typo must never stop an engine from starting."""
+    raw = (os.environ if env is None else env).get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return parse_bool(raw, name)
+    except ValueError as exc:
+        log.error("inference-sidecar: %s; using %s", exc, "1" if default else "0")
+        return default
+
+
 def disabled() -> bool:
-    return os.environ.get(ENV_DISABLE, "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag(ENV_DISABLE)

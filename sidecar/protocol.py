@@ -1,122 +1,209 @@
-"""What the sidecar and the probes say to each other over the probe channel (JSON over a websocket).
+"""The probe channel: every message the sidecar and the probes exchange, as one typed struct each.
 
-Kept in one place so both ends agree; every message is a dict with a ``type``.
+JSON text frames over a websocket (``PROBE_WS_PATH``). Each message is an object whose ``type`` tag
+names its struct; ``decode_from_probe`` / ``decode_from_sidecar`` decode and validate a frame in one
+call and raise ``ProtocolError`` (naming the problem) for anything malformed, so a receiver never
+half-applies a message. The first frame of a connection is the probe's ``Hello``; a probe speaking
+another ``PROTOCOL_VERSION`` is refused with an error naming both versions.
 
 probe → sidecar
-  hello      {role, rank, pid, host, cuda, step_driven, engine, torch}
-  heartbeat  {steps}                      total forward steps so far
-  capture    {capture_id, state, steps_recorded, steps_seen, first_step, file, bytes, error}
+  hello      {protocol, process: ProcessIdentity}
+  heartbeat  {steps, sync_watch?}                  working steps so far; the watch report when changed
+  capture    {job_id, state, steps_recorded, steps_seen?, first_step?, file?, bytes, error?, stop_reason?}
+  sync       {job_id, state, steps_recorded, steps_seen?, first_step?, treat_cpu_as_device, sites?,
+              error?, stop_reason?}
 sidecar → probe
-  arm        {capture: CaptureSpec}       probes answer state=armed with steps_seen (their step count)
-  begin      {capture_id, start_step}     record from this working step on, the same in every process
-  stop       {capture_id, reason}         end early, keeping what was recorded
+  arm        {spec: CaptureSpec}    the probe answers ``capture`` state=armed with steps_seen
+  sync_arm   {spec: SyncSpec}       the probe answers ``sync`` state=armed with steps_seen
+  begin      {job_id, start_step}   record from this working step on, the same in every process
+  stop       {job_id, reason}       end early, keeping what was recorded
+
+Job ids are unique across kinds (a scan's starts with ``s``), so ``begin`` and ``stop`` serve both.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
-PROTOCOL_VERSION = 1
+import msgspec
+
+PROTOCOL_VERSION = 2
 PROBE_WS_PATH = "/probe/ws"
+# Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
+# version); the close frame's reason says why.
+CLOSE_REFUSED = 4400
+METRICS_PUSH_PATH = "/v1/metrics"  # probes push OTLP/HTTP metrics here (sidecar/service/metrics_receiver.py)
 
-# Process roles. Step-driven roles count forward steps; the API server records for the time window
-# in which the step-driven processes record.
-ROLE_API_SERVER = "api_server"
-ROLE_ENGINE_CORE = "engine_core"
-ROLE_WORKER = "worker"
-ROLES = (ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER)
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Steps = Annotated[int, msgspec.Meta(ge=1)]
+JobId = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+ROLE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"  # a role's name: on the wire, in processes=, in file names
+RoleName = Annotated[str, msgspec.Meta(pattern=ROLE_PATTERN)]
+MAX_TEXT = 4096
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+Activity = Literal["cpu", "cuda"]
 
-# Per-process capture states reported by a probe.
-P_ARMED = "armed"
-P_CAPTURING = "capturing"
-P_EXPORTING = "exporting"
-P_DONE = "done"
-P_FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class CaptureSpec:
-    id: str
-    steps: int
-    out_dir: str
-    delay: int = 0
-    activities: tuple[str, ...] = ()  # empty: what the host has
-    record_shapes: bool = False
-    with_stack: bool = False
-    profile_memory: bool = False
-    with_flops: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["activities"] = list(self.activities)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CaptureSpec":
-        return cls(
-            id=str(d["id"]),
-            steps=int(d["steps"]),
-            out_dir=str(d["out_dir"]),
-            delay=int(d.get("delay", 0)),
-            activities=tuple(d.get("activities") or ()),
-            record_shapes=bool(d.get("record_shapes", False)),
-            with_stack=bool(d.get("with_stack", False)),
-            profile_memory=bool(d.get("profile_memory", False)),
-            with_flops=bool(d.get("with_flops", False)),
-        )
+# Per-process states a probe reports. A capture records ("capturing") then writes its file
+# ("exporting"); a scan records ("scanning") and reports its sites with "done".
+P_ARMED, P_CAPTURING, P_SCANNING, P_EXPORTING, P_DONE, P_FAILED = (
+    "armed", "capturing", "scanning", "exporting", "done", "failed")
+CaptureState = Literal["armed", "capturing", "exporting", "done", "failed"]
+ScanState = Literal["armed", "scanning", "done", "failed"]
 
 
-@dataclass(frozen=True)
-class ProcessIdentity:
-    role: str
-    pid: int
-    rank: int | None = None
-    host: str = ""
+class ProtocolError(ValueError):
+    """A frame that is not a valid message of this protocol version."""
+
+
+class ProtocolVersionError(ProtocolError):
+    def __init__(self, theirs: Any, ours: int = PROTOCOL_VERSION) -> None:
+        # Short enough to fit a websocket close frame (123 bytes) whole.
+        super().__init__(f"probe speaks protocol {theirs!r}, sidecar speaks {ours}: "
+                         "install one inference-sidecar version on both sides")
+
+
+# -- what a probe is -----------------------------------------------------------------------------------
+class ProcessIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    role: RoleName
+    role_label: Text  # "engine core": the engine profile's name for the role
+    step_driven: bool
+    pid: Annotated[int, msgspec.Meta(ge=1)]
+    rank: Count | None = None
+    host: Text = ""
     cuda: bool = False
-    engine: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def step_driven(self) -> bool:
-        return self.role != ROLE_API_SERVER
+    engine: Text = ""  # "vllm 0.32.0"
+    extra: dict[str, Union[str, int, float, bool, None]] = {}
 
     @property
     def label(self) -> str:
-        names = {ROLE_API_SERVER: "API server", ROLE_ENGINE_CORE: "engine core", ROLE_WORKER: "worker"}
-        name = names.get(self.role, self.role)
         rank = f" rank {self.rank}" if self.rank is not None else ""
-        return f"{name}{rank} (pid {self.pid})"
+        return f"{self.role_label}{rank} (pid {self.pid})"
 
     @property
     def file_stem(self) -> str:
         rank = f"-rank{self.rank}" if self.rank is not None else ""
         return f"{self.role}{rank}-pid{self.pid}"
 
-    def to_hello(self) -> dict[str, Any]:
-        return {
-            "type": "hello",
-            "protocol": PROTOCOL_VERSION,
-            "role": self.role,
-            "pid": self.pid,
-            "rank": self.rank,
-            "host": self.host,
-            "cuda": self.cuda,
-            "engine": self.engine,
-            **self.extra,
-        }
+    @property
+    def sort_key(self) -> tuple:
+        """Listing and merged-trace order: window processes first, then unranked step-driven
+        processes (an engine core), then ranked ones by rank."""
+        return (self.step_driven, self.rank is not None, self.rank or 0, self.role, self.pid)
 
-    @classmethod
-    def from_hello(cls, msg: dict[str, Any]) -> "ProcessIdentity":
-        role = msg.get("role")
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}")
-        rank = msg.get("rank")
-        return cls(
-            role=role,
-            pid=int(msg["pid"]),
-            rank=None if rank is None else int(rank),
-            host=str(msg.get("host", "")),
-            cuda=bool(msg.get("cuda", False)),
-            engine=str(msg.get("engine", "")),
-        )
+
+# -- what a job asks of a probe ------------------------------------------------------------------------
+class CaptureSpec(msgspec.Struct, frozen=True, kw_only=True):
+    id: JobId
+    steps: Steps
+    out_dir: Text
+    activities: tuple[Activity, ...] = ()  # empty: what the host has
+    record_shapes: bool = False
+    with_stack: bool = False
+    profile_memory: bool = False
+    with_flops: bool = False
+
+
+class SyncSpec(msgspec.Struct, frozen=True, kw_only=True):
+    id: JobId
+    steps: Steps
+
+
+# -- messages ------------------------------------------------------------------------------------------
+class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+class Hello(_Message, tag="hello", kw_only=True):
+    protocol: int
+    process: ProcessIdentity
+
+
+class Heartbeat(_Message, tag="heartbeat", kw_only=True):
+    steps: Count
+    sync_watch: dict[str, Any] | None = None
+
+
+class _JobReport(_Message, kw_only=True):
+    job_id: JobId
+    steps_recorded: Count = 0
+    steps_seen: Count | None = None  # with "armed": the process's working-step count
+    first_step: Count | None = None  # the working step recording started at
+    error: Text | None = None
+    stop_reason: Text | None = None
+
+
+class CaptureReport(_JobReport, tag="capture", kw_only=True):
+    state: CaptureState
+    file: Text | None = None  # with "done": the raw trace the probe wrote
+    bytes: Count = 0
+
+
+class SyncReport(_JobReport, tag="sync", kw_only=True):
+    state: ScanState
+    treat_cpu_as_device: bool = False
+    sites: list[dict[str, Any]] | None = None  # with "done" (sidecar.syncs.report)
+
+
+class Arm(_Message, tag="arm", kw_only=True):
+    spec: CaptureSpec
+
+
+class SyncArm(_Message, tag="sync_arm", kw_only=True):
+    spec: SyncSpec
+
+
+class Begin(_Message, tag="begin", kw_only=True):
+    job_id: JobId
+    start_step: Count
+
+
+class Stop(_Message, tag="stop", kw_only=True):
+    job_id: JobId
+    reason: Text = "stopped"
+
+
+FromProbe = Union[Hello, Heartbeat, CaptureReport, SyncReport]
+FromSidecar = Union[Arm, SyncArm, Begin, Stop]
+JobReport = Union[CaptureReport, SyncReport]
+
+
+class _VersionOnly(msgspec.Struct):
+    type: Any = None
+    protocol: Any = None
+
+
+_encoder = msgspec.json.Encoder()
+_from_probe = msgspec.json.Decoder(FromProbe)
+_from_sidecar = msgspec.json.Decoder(FromSidecar)
+_version_only = msgspec.json.Decoder(_VersionOnly)
+_hello = msgspec.json.Decoder(Hello)
+
+
+def encode(msg: _Message) -> str:
+    return _encoder.encode(msg).decode()
+
+
+def _decode(decoder: msgspec.json.Decoder, frame: str | bytes) -> Any:
+    try:
+        return decoder.decode(frame)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ProtocolError(str(exc)) from None
+
+
+def decode_from_probe(frame: str | bytes) -> FromProbe:
+    return _decode(_from_probe, frame)
+
+
+def decode_from_sidecar(frame: str | bytes) -> FromSidecar:
+    return _decode(_from_sidecar, frame)
+
+
+def decode_hello(frame: str | bytes) -> Hello:
+    """The first frame of a connection. The version is checked before anything else, so a probe of
+    another version gets an error naming both versions, not a field-level complaint."""
+    head = _decode(_version_only, frame)
+    if head.type != "hello":
+        raise ProtocolError(f"the first message must be 'hello', got {head.type!r}")
+    if head.protocol != PROTOCOL_VERSION:
+        raise ProtocolVersionError(head.protocol)
+    return _decode(_hello, frame)

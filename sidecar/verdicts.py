@@ -1,0 +1,8 @@
+"""A job's verdict as the HTTP API reports it (docs/api.md): the final states of a capture or scan.
+
+Apart from sidecar/service so that the client and the engine's capture spans read the same words
+without importing the sidecar service.
+"""
+
+DONE, PARTIAL, FAILED = "done", "partial", "failed"
+FINAL = (DONE, PARTIAL, FAILED)
