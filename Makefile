@@ -11,7 +11,7 @@ model: install
 	@$(PY) -m sidecar.cli make-model --size tiny --out models/tiny --quiet-if-exists
 
 demo: install model
-	$(PY) -m sidecar.demo --model $(MODEL)
+	$(PY) -m sidecar_vllm.demo --model $(MODEL)
 
 test: install
 	@bash scripts/install-test-backends.sh

@@ -25,19 +25,19 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
 from sidecar.client import SidecarClient  # noqa: E402
 from sidecar.devtools.local_model import build_model  # noqa: E402
-from sidecar.devtools.stack import Stack  # noqa: E402
 from sidecar.devtools.traffic import LoadResult, run_load  # noqa: E402
+from sidecar_vllm.devtools import VllmStack as Stack  # noqa: E402
 
 CONCURRENCY = 8
 MAX_TOKENS = 64
 
 
 def load_for(stack: Stack, seconds: float) -> LoadResult:
-    return asyncio.run(run_load(stack.vllm_url, stack.served_name, concurrency=CONCURRENCY,
+    return asyncio.run(run_load(stack.server_url, stack.served_name, concurrency=CONCURRENCY,
                                 duration_s=seconds, max_tokens=MAX_TOKENS))
 
 
@@ -85,7 +85,7 @@ def sidecar_capture(stack: Stack) -> dict:
 
 
 def vllm_builtin_capture(stack: Stack, trace_dir: Path) -> dict:
-    req = urllib.request.Request(f"{stack.vllm_url}/start_profile", data=json.dumps({"max_iterations": 5}).encode(),
+    req = urllib.request.Request(f"{stack.server_url}/start_profile", data=json.dumps({"max_iterations": 5}).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     urllib.request.urlopen(req, timeout=600).read()
     deadline = time.time() + 300
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                        plugin_enabled=(variant == "idle")) as stack:
                 if variant == "idle":
                     stack.start_sidecar()
-                stack.start_vllm(timeout=600)
+                stack.start_server(timeout=600)
                 if variant == "idle":
                     stack.wait_for_processes(3)
                 m = measure_steady(stack, args.seconds)
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         tdir = work / f"{name}-traces"
         cfg = {"profiler": "torch", "torch_profiler_dir": str(tdir), "torch_profiler_with_stack": with_stack}
         with Stack(model_dir=args.model, work_dir=work / name, dtype=dtype, plugin_enabled=False,
-                   vllm_args=("--profiler-config", json.dumps(cfg))) as stack:
-            stack.start_vllm(timeout=600)
+                   server_args=("--profiler-config", json.dumps(cfg))) as stack:
+            stack.start_server(timeout=600)
             load_for(stack, 3)
             report[name] = stall_during(stack, lambda: vllm_builtin_capture(stack, tdir))
             print(f"bench: {name} {report[name]}", flush=True)

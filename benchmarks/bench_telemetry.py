@@ -35,8 +35,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 from aiohttp import web  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
-from sidecar.devtools.stack import Stack, free_port  # noqa: E402
 from sidecar.devtools.traffic import run_load  # noqa: E402
+from sidecar_vllm.devtools import VllmStack as Stack, free_port  # noqa: E402
 
 CONCURRENCY = 8
 MAX_TOKENS = 64
@@ -87,21 +87,21 @@ def stack_for(config: str, model: Path, work: Path, sink: OtlpSink) -> Stack:
         args = ("--otlp-traces-endpoint", f"{sink.url}/v1/traces")
     else:
         raise ValueError(config)
-    return Stack(model_dir=model, work_dir=work / config, dtype="bfloat16", vllm_args=args, env=env)
+    return Stack(model_dir=model, work_dir=work / config, dtype="bfloat16", server_args=args, env=env)
 
 
 def run_config(config: str, model: Path, work: Path, sink: OtlpSink, duration_s: float) -> dict:
     stack = stack_for(config, model, work, sink)
     try:
         stack.start_sidecar()
-        stack.start_vllm()
+        stack.start_server()
         stack.wait_for_processes(3, timeout=60)
-        warm = asyncio.run(run_load(stack.vllm_url, stack.served_name, concurrency=CONCURRENCY,
+        warm = asyncio.run(run_load(stack.server_url, stack.served_name, concurrency=CONCURRENCY,
                                     requests=CONCURRENCY, max_tokens=8))
         assert not warm.failures, warm.failures[:2]
         time.sleep(6.0)  # the warm-up's spans leave (5 s export delay) before the count starts
         spans_before = sink.spans
-        load = asyncio.run(run_load(stack.vllm_url, stack.served_name, concurrency=CONCURRENCY,
+        load = asyncio.run(run_load(stack.server_url, stack.served_name, concurrency=CONCURRENCY,
                                     duration_s=duration_s, max_tokens=MAX_TOKENS))
         time.sleep(6.0)  # past the span export delay (5 s by default in both), so the spans are counted
         gaps = sorted(load.gaps())
@@ -131,14 +131,16 @@ def step_hook_cost() -> dict:
     from sidecar.probe import Probe
     from sidecar.telemetry.instruments import StepInstruments
     from sidecar.telemetry.steps import StepRecorder
-    from sidecar_vllm import hooks, patching
+    from sidecar.integration import patching
+    from sidecar_vllm import hooks
+    from sidecar_vllm.profile import VLLM_PROFILE
 
     bench = _load_bench_hooks()
     plain_cls, _ = bench.make_classes()
     hooked_cls, _ = bench.make_classes()
     patching.patch(hooked_cls, "execute_model", hooks._wrap_execute_model)
     patching.patch(hooked_cls, "sample_tokens", hooks._wrap_sample_tokens)
-    probe = Probe("worker", 0, endpoint="http://127.0.0.1:9", cuda_available=False)  # not started: idle
+    probe = Probe("worker", 0, profile=VLLM_PROFILE, endpoint="http://127.0.0.1:9", cuda_available=False)  # idle
     recorder = StepRecorder(StepInstruments(MeterProvider().get_meter("bench")), role="worker")
     plain, probe_only, with_steps = plain_cls(), hooked_cls(), hooked_cls()
     probe_only.__dict__[hooks.PROBE_ATTR] = probe

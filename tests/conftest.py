@@ -11,6 +11,7 @@ import pytest
 from sidecar.devtools.local_model import build_model
 from sidecar.devtools.stack import Stack
 from sidecar.devtools.traffic import LoadResult, run_load
+from sidecar_vllm.devtools import VllmStack
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +22,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_stack(tiny_model, tmp_path_factory):
     """The sidecar and a real multi-process vLLM OpenAI server with the plugin installed."""
-    stack = Stack(model_dir=tiny_model, work_dir=tmp_path_factory.mktemp("stack"))
+    stack = VllmStack(model_dir=tiny_model, work_dir=tmp_path_factory.mktemp("stack"))
     try:
         yield stack.start()
     finally:
@@ -36,7 +37,7 @@ class BackgroundLoad:
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=lambda: setattr(self, "result", asyncio.run(run_load(
-                stack.vllm_url, stack.served_name, concurrency=concurrency, duration_s=duration_s,
+                stack.server_url, stack.served_name, concurrency=concurrency, duration_s=duration_s,
                 max_tokens=max_tokens, stop=self._stop))),
             daemon=True,
         )

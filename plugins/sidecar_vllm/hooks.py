@@ -11,8 +11,9 @@ a worker step with work costs two ``time.time_ns()`` calls and one deque append,
 drain thread turns those into the ``sidecar.step.*`` histograms. The engine core gets process
 samplers (CPU, RSS). ``SIDECAR_TELEMETRY=0`` (or ``OTEL_SDK_DISABLED=true``) leaves both out.
 
-Each patch is independent: one that fails is logged and the others still apply; the engine never
-fails to start because of this package.
+Each patch is independent (``sidecar.integration.patching``): one that fails is logged and the others
+still apply; the engine never fails to start because of this package. Probes and telemetry attach
+once per engine object (``sidecar.integration.attach``), as roles of ``VLLM_PROFILE``.
 """
 
 from __future__ import annotations
@@ -20,62 +21,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
 
-from sidecar.probe import Probe
+from sidecar.integration import attach, patching
+from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR, TELEMETRY_ATTR  # noqa: F401 (bench, tests)
 
-from . import patching
-from sidecar.protocol import ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER
-from sidecar.telemetry import create_telemetry
+from .profile import ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER, VLLM_PROFILE
 
 log = logging.getLogger(__name__)
 
-PROBE_ATTR = "_inference_sidecar_probe"
 PENDING_ATTR = "_inference_sidecar_pending_end"  # a worker step whose sampling is still to come
-TELEMETRY_ATTR = "_inference_sidecar_telemetry"  # this process's Telemetry (engine core, worker)
-STEPS_ATTR = "_inference_sidecar_steps"  # a worker's StepRecorder, or None
 _MISSING = object()
 
 
-def _engine_version() -> str:
-    try:
-        import vllm
-
-        return f"vllm {vllm.__version__}"
-    except Exception:
-        return "vllm"
+def _attach_probe(obj, role: str, rank: int | None, **probe_kwargs):
+    """``obj``'s probe as a vLLM process (sidecar.integration.attach)."""
+    return attach.attach_probe(obj, VLLM_PROFILE, role, rank, **probe_kwargs)
 
 
-def _attach_probe(obj: Any, role: str, rank: int | None, **probe_kwargs: Any) -> Probe | None:
-    """Give ``obj`` its probe once; a failure is stored as None so it is not retried every step."""
-    if PROBE_ATTR in obj.__dict__:
-        return obj.__dict__[PROBE_ATTR]
-    try:
-        probe = Probe(role, rank, engine=_engine_version(), **probe_kwargs).start()
-    except Exception as exc:
-        log.warning("inference-sidecar: probe not started in %s: %s", role, exc)
-        probe = None
-    obj.__dict__[PROBE_ATTR] = probe
-    return probe
-
-
-def _attach_telemetry(obj: Any, role: str, rank: int | None, *, steps: bool) -> None:
-    """Give ``obj`` its process telemetry once (samplers started; a step recorder for workers)."""
-    if TELEMETRY_ATTR in obj.__dict__:
-        return
-    obj.__dict__[TELEMETRY_ATTR] = None
-    obj.__dict__[STEPS_ATTR] = None
-    try:
-        telemetry = create_telemetry(role, rank)
-        if not telemetry.settings.enabled:
-            return
-        recorder = telemetry.step_recorder(role) if steps else None
-        telemetry.start_samplers(process=True)
-    except Exception as exc:
-        log.warning("inference-sidecar: telemetry not started in %s: %s", role, exc)
-        return
-    obj.__dict__[TELEMETRY_ATTR] = telemetry
-    obj.__dict__[STEPS_ATTR] = recorder
+def _attach_telemetry(obj, role: str, rank: int | None, *, steps: bool):
+    """``obj``'s process telemetry as a vLLM process (sidecar.integration.attach)."""
+    return attach.attach_telemetry(obj, VLLM_PROFILE, role, rank, steps=steps)
 
 
 # -- engine core ----------------------------------------------------------------------------------

@@ -39,9 +39,8 @@ from typing import Any, Callable
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from sidecar import auth, config
-
-from . import patching
 from sidecar.client import SidecarClient
+from sidecar.integration import patching
 from sidecar.telemetry import (
     CaptureSpans,
     ClockOffset,
@@ -51,6 +50,8 @@ from sidecar.telemetry import (
     operation_from_request_id,
     record_request,
 )
+
+from .profile import ROLE_API_SERVER, VLLM_PROFILE
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,7 @@ class SidecarStatLogger(AggregateStatLoggerBase):
         self.captures: CaptureSpans | None = None
         self._failed = False
         try:
-            telemetry = telemetry or create_telemetry("api_server")
+            telemetry = telemetry or create_telemetry(ROLE_API_SERVER, profile=VLLM_PROFILE)
             if not telemetry.settings.enabled:
                 return  # SIDECAR_TELEMETRY=0 / OTEL_SDK_DISABLED: vLLM's request path stays untouched
             install_request_hooks()
@@ -235,7 +236,7 @@ class SidecarStatLogger(AggregateStatLoggerBase):
                 self.in_flight = InFlightRequests()
                 url = config.endpoint()
                 self.captures = CaptureSpans(telemetry.tracer, self.in_flight, lambda capture_id: SidecarClient(
-                    url, token=auth.read_token() or "", timeout=5.0).status(capture_id), url)
+                    url, token=auth.read_token() or "", timeout=5.0).status(capture_id), url, profile=VLLM_PROFILE)
         except Exception as exc:
             log.warning("inference-sidecar: request telemetry is off: %s", exc)
 
@@ -250,7 +251,7 @@ class SidecarStatLogger(AggregateStatLoggerBase):
         for req_state, finish_reason, finished_time in finished:
             try:
                 record_request(finished_request(req_state, finish_reason, finished_time, self.model),
-                               telemetry.tracer, telemetry.requests, clock)
+                               telemetry.tracer, telemetry.requests, clock, provider=VLLM_PROFILE.provider)
             except Exception:
                 if not self._failed:
                     self._failed = True

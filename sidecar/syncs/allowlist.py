@@ -1,5 +1,6 @@
-"""Which sync sites are expected: built-in entries for engines' deliberate transfers plus the
-user's own, from a JSON file (format in docs/syncs.md).
+"""Which sync sites are expected: the engine's deliberate transfers (its profile's
+``allow_entries``, see ``sidecar.engine``) plus the user's own, from a JSON file (format in
+docs/syncs.md).
 
 An entry matches a site when every field it gives matches: ``path`` is a glob against the site's
 import-relative path (``vllm/v1/worker/gpu_model_runner.py``), ``function`` and ``op`` compare
@@ -57,23 +58,11 @@ class AllowEntry:
         return cls(path=path, function=d.get("function"), op=d.get("op"), line=line, reason=str(d.get("reason", "")))
 
 
-# vLLM V1 (checked against 0.32's source). Each is a transfer vLLM makes on purpose once per step.
-_SAMPLED = "vLLM's per-step transfer of the sampled token ids to the host"
-VLLM_ENTRIES: tuple[AllowEntry, ...] = (
-    # GPUModelRunner._to_list: pinned copy_(non_blocking) + transfer_event.synchronize() + tolist().
-    AllowEntry("vllm/v1/worker/gpu_model_runner.py", "_to_list", reason=_SAMPLED),
-    # CPUModelRunner._to_list: sampled_token_ids.tolist() (no events on CPU).
-    AllowEntry("vllm/v1/worker/cpu_model_runner.py", "_to_list", reason=_SAMPLED),
-    # AsyncGPUModelRunnerOutput.get_output (async scheduling): async_copy_ready_event.synchronize()
-    # then sampled_token_ids_cpu.tolist().
-    AllowEntry("vllm/v1/worker/gpu_model_runner.py", "get_output", reason=_SAMPLED + " (async scheduling)"),
-    # LogprobsTensors.tolists(): requested logprobs go to the host with the sampled tokens.
-    AllowEntry("vllm/v1/outputs.py", "tolists", reason="vLLM's per-step transfer of requested logprobs"),
-)
-
-
 class Allowlist:
-    def __init__(self, entries: Iterable[AllowEntry] = VLLM_ENTRIES) -> None:
+    """Ordered entries; the first that matches a site classes it ``expected``. The core has no entries
+    of its own: an engine's come from its profile (``EngineProfile.allow_entries``)."""
+
+    def __init__(self, entries: Iterable[AllowEntry] = ()) -> None:
         self.entries = tuple(entries)
 
     def extended(self, more: Iterable[AllowEntry]) -> "Allowlist":
@@ -104,9 +93,9 @@ def load_entries(path: str | Path) -> list[AllowEntry]:
         raise ValueError(f"allowlist {path}: {exc}") from None
 
 
-def from_environment(base: Iterable[AllowEntry] = VLLM_ENTRIES) -> Allowlist:
-    """The built-in entries plus those of the file named by SIDECAR_SYNC_ALLOWLIST. A bad file is
-    logged and skipped: the scan still runs, with the built-in entries."""
+def from_environment(base: Iterable[AllowEntry] = ()) -> Allowlist:
+    """``base`` (the engine profile's entries) plus those of the file named by SIDECAR_SYNC_ALLOWLIST.
+    A bad file is logged and skipped: the scan still runs, with ``base``."""
     from .settings import ENV_ALLOWLIST, allowlist_path
 
     allowlist = Allowlist(base)

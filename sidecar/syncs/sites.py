@@ -3,11 +3,13 @@ step phase its call stack belongs to.
 
 A ``SiteLocator`` caches one decision per code object, so walking the stack costs a few dict
 lookups per frame. Phases come from a small ordered rule table (``PhaseRule``): the innermost frame
-that matches a rule decides; no match is ``other``.
+that matches a rule decides; no match is ``other``. The rules are the engine's: an engine profile
+(``sidecar.engine.EngineProfile.phase_rules``) carries them, and the core has none of its own.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from dataclasses import dataclass
@@ -36,32 +38,28 @@ class PhaseRule:
         return not self.functions or function in self.functions
 
 
-# vLLM V1 (checked on 0.32). Sampling before forward: the sampler runs inside execute_model too.
-VLLM_PHASE_RULES: tuple[PhaseRule, ...] = (
-    PhaseRule(SAMPLING, "/vllm/v1/sample/"),
-    PhaseRule(SAMPLING, "/vllm/v1/worker/", frozenset({"sample_tokens", "_sample", "_bookkeeping_sync", "_to_list"})),
-    PhaseRule(FORWARD, "/vllm/v1/worker/", frozenset({"_model_forward"})),
-    PhaseRule(FORWARD, "/vllm/model_executor/"),
-    PhaseRule(SCHEDULING, "/vllm/v1/core/sched/"),
-    PhaseRule(SCHEDULING, "/vllm/v1/worker/", frozenset({"_prepare_inputs", "_update_states", "_prepare_input_ids"})),
-)
-
-
 def _package_dir(module_name: str) -> Optional[str]:
+    """The folder of an importable package (with a trailing separator); None if it cannot be imported."""
     module = sys.modules.get(module_name)
     if module is None:
         try:
-            module = __import__(module_name)
+            module = importlib.import_module(module_name)
         except Exception:
             return None
     path = getattr(module, "__file__", None)
     return os.path.dirname(os.path.abspath(path)) + os.sep if path else None
 
 
-def default_skip_dirs() -> tuple[str, ...]:
-    """torch and this project (``sidecar``, ``sidecar_vllm``): never a site."""
-    dirs = (_package_dir("torch"), _package_dir("sidecar"), _package_dir("sidecar_vllm"))
-    return tuple(d for d in dirs if d)
+# This project's own package: ``sidecar/`` (this file is sidecar/syncs/sites.py).
+_PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def default_skip_dirs(packages: Iterable[str] = ()) -> tuple[str, ...]:
+    """Folders whose frames are never a site: torch's, this project's (``sidecar``), and those of
+    ``packages`` (import names: an engine integration's own package, from its profile's
+    ``skip_packages``). A package that cannot be imported is left out."""
+    dirs = (_package_dir("torch"), _PROJECT_DIR, *(_package_dir(p) for p in packages))
+    return tuple(dict.fromkeys(d for d in dirs if d))
 
 
 @dataclass(frozen=True)
@@ -74,7 +72,11 @@ class Site:
 
 
 class SiteLocator:
-    def __init__(self, skip_dirs: Iterable[str] | None = None, phase_rules: Iterable[PhaseRule] = VLLM_PHASE_RULES) -> None:
+    """``skip_dirs``: path prefixes whose frames are passed over (None: ``default_skip_dirs()``);
+    ``phase_rules``: the engine's rule table (``EngineProfile.phase_rules``; none: every site is
+    ``other``)."""
+
+    def __init__(self, skip_dirs: Iterable[str] | None = None, phase_rules: Iterable[PhaseRule] = ()) -> None:
         self._skip_dirs = tuple(skip_dirs) if skip_dirs is not None else default_skip_dirs()
         self._rules = tuple(phase_rules)
         self._skip: dict[str, bool] = {}

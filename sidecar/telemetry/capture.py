@@ -6,11 +6,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, Tracer
 
+from ..engine import GENERIC, EngineProfile
+from ..protocol import CaptureReport
+from ..verdicts import FINAL
 from .clock import to_ns
 
 log = logging.getLogger(__name__)
@@ -55,17 +58,18 @@ def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[S
 
 # -- the API server's side: one capture span per capture window -------------------------------------
 FetchStatus = Callable[[str], Mapping[str, Any]]  # capture id -> the sidecar's GET /profile/{id} body
-FINAL_STATES = ("done", "partial", "failed")
 
 
 def record_from_status(capture_id: str, started_at: float, ended_at: float, status: Mapping[str, Any] | None,
-                       base_url: str, window_state: str) -> CaptureRecord:
-    """A CaptureRecord from the sidecar's final capture status (None: the sidecar did not answer)."""
+                       base_url: str, window_state: str,
+                       window_roles: Collection[str] = GENERIC.window_roles) -> CaptureRecord:
+    """A CaptureRecord from the sidecar's final capture status (None: the sidecar did not answer).
+    ``steps`` is the fewest recorded by a step-driven process: any not of ``window_roles``."""
     if not status:
         return CaptureRecord(capture_id, window_state, started_at, ended_at, steps=0, processes=0, bytes=0,
                              error="the sidecar's capture status could not be read")
     procs = status.get("processes") or []
-    driven = [p.get("steps_recorded") or 0 for p in procs if p.get("role") != "api_server"]
+    driven = [p.get("steps_recorded") or 0 for p in procs if p.get("role") not in window_roles]
     trace = status.get("trace")
     return CaptureRecord(
         capture_id=capture_id, state=str(status.get("state")), started_at=started_at, ended_at=ended_at,
@@ -74,19 +78,28 @@ def record_from_status(capture_id: str, started_at: float, ended_at: float, stat
         error=status.get("reason") if status.get("state") == "failed" else None)
 
 
+def _capture_report(msg: Any) -> tuple[str | None, str | None]:
+    """(job id, state) of a ``sidecar.protocol.CaptureReport``; (None, None) for any other report."""
+    if isinstance(msg, CaptureReport):
+        return msg.job_id, msg.state
+    return None, None
+
+
 class CaptureSpans:
     """Turns the capture reports of the API server's probe into ``sidecar capture`` spans.
 
-    The probe calls ``on_report(msg)`` with each capture report it sends to the sidecar. The window
-    opens at ``capturing`` and closes at ``exporting`` (or ``failed``); at ``done`` / ``failed`` a
-    daemon thread waits for the sidecar's final status (steps, processes, bytes, trace URL; the merge
-    happens there) and emits the span, linked to every request in flight during the window. Nothing
-    here runs on the event loop beyond a dict update.
+    The probe calls ``on_report(msg)`` with each capture report (``CaptureReport``) it sends to the
+    sidecar. The window opens at ``capturing`` and closes at ``exporting`` (or ``failed``); at
+    ``done`` / ``failed`` a daemon thread waits for the sidecar's final status (steps, processes,
+    bytes, trace URL; the merge happens there) and emits the span, linked to every request in flight
+    during the window. Its ``steps`` counts the profile's step-driven roles only. Nothing here runs
+    on the event loop beyond a dict update.
     """
 
     def __init__(self, tracer: Tracer, in_flight, fetch_status: FetchStatus, base_url: str, *,
-                 final_timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
+                 profile: EngineProfile = GENERIC, final_timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
         self._tracer = tracer
+        self._window_roles = profile.window_roles
         self._in_flight = in_flight
         self._fetch = fetch_status
         self._base_url = base_url
@@ -95,10 +108,11 @@ class CaptureSpans:
         self._windows: dict[str, list[float]] = {}  # capture id -> [start, end]
         self._threads: list[threading.Thread] = []
 
-    def on_report(self, msg: Mapping[str, Any]) -> None:
-        if msg.get("type") != "capture" or not msg.get("capture_id"):
+    def on_report(self, msg: Any) -> None:
+        capture_id, state = _capture_report(msg)
+        if not capture_id:
             return
-        capture_id, state, now = str(msg["capture_id"]), msg.get("state"), time.time()
+        now = time.time()
         if state == "capturing":
             self._windows[capture_id] = [now, 0.0]
         elif state == "exporting":
@@ -125,11 +139,11 @@ class CaptureSpans:
             except Exception as exc:
                 log.debug("capture %s: status not readable: %s", capture_id, exc)
                 status = None
-            if status and status.get("state") in FINAL_STATES:
+            if status and status.get("state") in FINAL:
                 break
             time.sleep(self._poll)
-        record = record_from_status(capture_id, start, end, status if status and status.get("state") in FINAL_STATES
-                                    else None, self._base_url, state)
+        record = record_from_status(capture_id, start, end, status if status and status.get("state") in FINAL
+                                    else None, self._base_url, state, self._window_roles)
         try:
             record_capture(record, self._tracer, links)
         except Exception:

@@ -1,9 +1,12 @@
-"""Requests in flight, with their request span's identity chosen when they arrive.
+"""A request span's identity, and the requests in flight with theirs chosen when they arrive.
 
 A request span is created when its request finishes (it carries the engine's timestamps), but a
 capture that ends while requests are still running must link to their spans. So each request's span
-context is allocated on arrival (``InFlightRequests.begin``), and ``record_request`` later creates the
-span with exactly those ids (``PresetIdGenerator``, the tracer provider's id generator).
+context is allocated on arrival (``InFlightRequests.begin``, ``new_span_context``), and
+``requests.record_request`` later creates the span with exactly those ids (``PresetIdGenerator``, the
+tracer provider's id generator). Either way its parent is the caller's span from the incoming W3C
+headers (``parent_context``). This module is the one place of that identity: requests.py imports it,
+never the other way round.
 
 ``overlapping(start, end)`` answers "which requests were in flight during [start, end]": those still
 running, plus those that finished after ``start`` (kept in a bounded ring of recently finished ones).
@@ -16,11 +19,22 @@ import threading
 import time
 from typing import Mapping
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 DEFAULT_FINISHED_CAPACITY = 4096
 DEFAULT_ACTIVE_CAPACITY = 65536
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def parent_context(trace_headers: Mapping[str, str] | None) -> Context:
+    """The caller's context from W3C headers, or an empty one (a new trace, never an ambient span)."""
+    if not trace_headers:
+        return Context()
+    return _PROPAGATOR.extract(carrier={k.lower(): v for k, v in trace_headers.items()}, context=Context())
 
 
 class PresetIdGenerator(IdGenerator):
@@ -53,8 +67,6 @@ class PresetIdGenerator(IdGenerator):
 def new_span_context(trace_headers: Mapping[str, str] | None = None,
                      ids: IdGenerator | None = None) -> SpanContext:
     """The span context a request span will have: the caller's trace (W3C headers) or a new one."""
-    from .requests import parent_context  # requests imports this module
-
     ids = ids or RandomIdGenerator()
     parent = get_current_span(parent_context(trace_headers)).get_span_context()
     trace_id = parent.trace_id if parent.is_valid else ids.generate_trace_id()

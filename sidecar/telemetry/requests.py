@@ -1,7 +1,9 @@
 """A finished request → one span tree and its metrics, with the engine's own timestamps.
 
 ``FinishedRequest`` is engine-agnostic; engine integrations (``plugins/sidecar_vllm/stat_logger.py``)
-fill it from the engine's per-request stats. ``record_request`` makes
+fill it from the engine's per-request stats and pass their profile's ``provider``. The request
+span's identity (its parent from W3C headers, ids chosen on arrival) is inflight.py's.
+``record_request`` makes
 
     {gen_ai.operation.name} {gen_ai.request.model}   (SERVER, arrival → last output seen)
       ├── queue     (engine: queued → first scheduled)
@@ -19,10 +21,10 @@ from typing import Mapping, Sequence
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ..engine import GENERIC
 from .clock import ClockOffset, to_ns
-from .inflight import PresetIdGenerator
+from .inflight import PresetIdGenerator, parent_context
 from .instruments import RequestInstruments
 
 OPERATION_CHAT = "chat"
@@ -40,8 +42,6 @@ _ERROR_BY_FINISH_REASON = {"abort": ERROR_ABORTED, "error": ERROR_ENGINE}
 
 # Engine timestamps converted with the host clock offset may be off by this much and still be trusted.
 CLOCK_TOLERANCE_S = 0.05
-
-_PROPAGATOR = TraceContextTextMapPropagator()
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,16 @@ def _engine_clock(req: FinishedRequest, clock: ClockOffset) -> ClockOffset:
     return ClockOffset.anchored(max(stamps), req.finished_time)
 
 
+def _provider(provider: str) -> dict:
+    # An engine without a profile of its own has no provider name: the attribute is left out rather
+    # than sent empty.
+    return {"gen_ai.provider.name": provider} if provider else {}
+
+
 def request_attributes(req: FinishedRequest, provider: str) -> dict:
     attrs = {
         "gen_ai.operation.name": req.operation,
-        "gen_ai.provider.name": provider,
+        **_provider(provider),
         "gen_ai.request.model": req.model,
         "gen_ai.response.model": req.model,
         "gen_ai.response.id": req.request_id,
@@ -142,23 +148,17 @@ def request_attributes(req: FinishedRequest, provider: str) -> dict:
     return attrs
 
 
-def parent_context(trace_headers: Mapping[str, str] | None) -> Context:
-    """The caller's context from W3C headers, or an empty one (a new trace, never an ambient span)."""
-    if not trace_headers:
-        return Context()
-    return _PROPAGATOR.extract(carrier={k.lower(): v for k, v in trace_headers.items()}, context=Context())
-
-
 def record_request(
     req: FinishedRequest,
     tracer: Tracer,
     instruments: RequestInstruments | None,
     clock: ClockOffset,
     *,
-    provider: str = "vllm",
+    provider: str = GENERIC.provider,
     links: Sequence[Link] = (),
 ) -> trace.SpanContext:
-    """Emit the span tree of one finished request and record its metrics; returns the request span's context."""
+    """Emit the span tree of one finished request and record its metrics; returns the request span's
+    context. ``provider`` is ``gen_ai.provider.name``: the engine profile's ``provider``."""
     attrs = request_attributes(req, provider)
     start_ns, end_ns = to_ns(req.arrival_time), to_ns(max(req.finished_time, req.arrival_time))
     ids = getattr(tracer, "id_generator", None)
@@ -194,7 +194,7 @@ def record_request(
 
 
 def record_request_metrics(req: FinishedRequest, instruments: RequestInstruments, provider: str) -> None:
-    base = {"gen_ai.operation.name": req.operation, "gen_ai.provider.name": provider, "gen_ai.request.model": req.model}
+    base = {"gen_ai.operation.name": req.operation, **_provider(provider), "gen_ai.request.model": req.model}
     error = req.error_type
     with_error = {**base, "error.type": error} if error else base
     instruments.duration.record(max(req.finished_time - req.arrival_time, 0.0), with_error)

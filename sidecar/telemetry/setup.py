@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from .. import __version__, auth
+from ..engine import GENERIC, EngineProfile
 from .export import DROP_EXPORT_FAILED, DROP_QUEUE_FULL, DROP_SHUTDOWN, BoundedSpanProcessor
 from .gpu import GpuSampler
 from .inflight import PresetIdGenerator
@@ -34,12 +35,12 @@ from .steps import StepRecorder
 log = logging.getLogger(__name__)
 
 SCOPE = "inference-sidecar"
-DEFAULT_SERVICE_NAME = "vllm"
 STEP_DRAIN_INTERVAL_S = 1.0
 
 
-def make_resource(role: str, rank: int | None = None, service_name: str = DEFAULT_SERVICE_NAME) -> Resource:
-    """This process's resource. ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` override the defaults."""
+def make_resource(role: str, rank: int | None = None, service_name: str = GENERIC.service_name) -> Resource:
+    """This process's resource. ``service_name`` is the engine profile's default
+    (``EngineProfile.service_name``); ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` override it."""
     attrs: dict = {"service.name": service_name, "service.instance.id": str(uuid.uuid4()),
                    "host.name": socket.gethostname(), "process.pid": os.getpid(), "sidecar.process.role": role}
     if rank is not None:
@@ -172,6 +173,8 @@ class Telemetry:
             self._gpu.close()
 
 
-def create_telemetry(role: str, rank: int | None = None, *, env: Mapping[str, str] | None = None, **kwargs) -> Telemetry:
-    """Telemetry for an engine process, configured from the environment (the plugin's entry point)."""
-    return Telemetry(TelemetrySettings.from_env(env), make_resource(role, rank), **kwargs)
+def create_telemetry(role: str, rank: int | None = None, *, profile: EngineProfile = GENERIC,
+                     env: Mapping[str, str] | None = None, **kwargs) -> Telemetry:
+    """Telemetry for a process of ``profile``'s engine, configured from the environment (the plugin's
+    entry point); the resource's default ``service.name`` is the profile's."""
+    return Telemetry(TelemetrySettings.from_env(env), make_resource(role, rank, profile.service_name), **kwargs)

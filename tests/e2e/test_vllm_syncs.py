@@ -8,7 +8,7 @@ import time
 import pytest
 
 from sidecar.client import SidecarClient
-from sidecar.devtools.stack import Stack
+from sidecar_vllm.devtools import VllmStack
 
 pytestmark = pytest.mark.vllm
 STEPS = 3
@@ -19,7 +19,7 @@ def planted_stack(tmp_path_factory):
     from planted_sync_model import make_model_dir
 
     model = make_model_dir(tmp_path_factory.mktemp("planted") / "model")
-    stack = Stack(model_dir=model, work_dir=tmp_path_factory.mktemp("planted-stack"),
+    stack = VllmStack(model_dir=model, work_dir=tmp_path_factory.mktemp("planted-stack"),
                   env={"SIDECAR_SYNC_TREAT_CPU_AS_DEVICE": "1"})
     try:
         yield stack.start()

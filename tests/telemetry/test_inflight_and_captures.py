@@ -4,7 +4,10 @@ import time
 
 from opentelemetry.trace import SpanKind
 
+from sidecar.protocol import CaptureReport, SyncReport
 from sidecar.telemetry import CaptureSpans, ClockOffset, FinishedRequest, InFlightRequests, record_request
+from sidecar.telemetry.capture import record_from_status
+from sidecar_vllm.profile import VLLM_PROFILE
 
 from .helpers import in_memory_telemetry
 
@@ -74,14 +77,16 @@ def test_capture_span_links_requests_in_flight_and_carries_the_sidecar_result():
         "processes": [{"role": "api_server", "steps_recorded": 0}, {"role": "engine_core", "steps_recorded": 5},
                       {"role": "worker", "steps_recorded": 5}]}])
     captures = CaptureSpans(telemetry.tracer, in_flight, lambda capture_id: next(statuses), "http://127.0.0.1:8787",
-                            poll_s=0.01)
-    captures.on_report({"type": "capture", "capture_id": "c1", "state": "capturing", "steps_recorded": 0})
+                            profile=VLLM_PROFILE, poll_s=0.01)
+    # The probe hands over the typed reports it sends (sidecar.protocol.CaptureReport).
+    captures.on_report(CaptureReport(job_id="c1", state="capturing"))
+    captures.on_report(SyncReport(job_id="c1", state="done"))  # not a capture report: ignored
     during = in_flight.begin("cmpl-during")
     in_flight.end("cmpl-during")
-    captures.on_report({"type": "capture", "capture_id": "c1", "state": "exporting", "steps_recorded": 0})
+    captures.on_report(CaptureReport(job_id="c1", state="exporting"))
     in_flight.begin("cmpl-after")
-    captures.on_report({"type": "capture", "capture_id": "c1", "state": "done", "steps_recorded": 0, "bytes": 10})
-    captures.on_report({"type": "capture", "capture_id": "c2", "state": "failed", "steps_recorded": 0})  # no window
+    captures.on_report(CaptureReport(job_id="c1", state="done", bytes=10))
+    captures.on_report(CaptureReport(job_id="c2", state="failed"))  # no window
     captures.join()
     telemetry.span_processor.force_flush()
     (span,) = exporter.get_finished_spans()
@@ -93,3 +98,36 @@ def test_capture_span_links_requests_in_flight_and_carries_the_sidecar_result():
     assert {link.context.span_id for link in span.links} == {running.span_id, during.span_id}
     assert before.span_id not in {link.context.span_id for link in span.links}
     telemetry.shutdown()
+
+
+def test_capture_span_counts_steps_of_step_driven_roles_only():
+    telemetry, exporter, _ = in_memory_telemetry()
+    statuses = iter([{"id": "c3", "state": "done", "processes": [{"role": "scheduler", "steps_recorded": 4}]}])
+    captures = CaptureSpans(telemetry.tracer, InFlightRequests(), lambda capture_id: next(statuses), "http://x",
+                            poll_s=0.01)
+    captures.on_report(CaptureReport(job_id="c3", state="capturing"))
+    captures.on_report(CaptureReport(job_id="c3", state="done"))
+    captures.join()
+    telemetry.span_processor.force_flush()
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["sidecar.capture.steps"] == 4  # a role of no profile's window: step-driven
+    telemetry.shutdown()
+
+    status = {"state": "done", "processes": [{"role": "api_server", "steps_recorded": 0},
+                                             {"role": "worker", "steps_recorded": 5}]}
+    assert record_from_status("c", 0.0, 1.0, status, "http://x", "done", VLLM_PROFILE.window_roles).steps == 5
+    assert record_from_status("c", 0.0, 1.0, status, "http://x", "done", frozenset()).steps == 0
+
+
+def test_a_request_spans_identity_lives_in_inflight_which_imports_nothing_of_requests():
+    import ast
+    from pathlib import Path
+
+    import sidecar.telemetry.inflight as inflight
+
+    tree = ast.parse(Path(inflight.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "requests" not in imported and not any((m or "").endswith(".requests") for m in imported)
+    from sidecar.telemetry import requests
+
+    assert requests.parent_context is inflight.parent_context

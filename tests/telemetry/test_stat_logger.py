@@ -73,6 +73,7 @@ def test_finished_and_aborted_requests_become_span_trees():
     assert done_span.attributes["gen_ai.request.max_tokens"] == 3
     assert done_span.attributes["gen_ai.request.temperature"] == 0.5
     assert done_span.attributes["gen_ai.response.finish_reasons"] == ("length",)
+    assert done_span.attributes["gen_ai.provider.name"] == "vllm"  # VLLM_PROFILE.provider
     assert gone_span.attributes["error.type"] == "aborted"
     children = {s.name: s for s in spans if s.parent is not None and s.parent.span_id == done_span.context.span_id}
     assert set(children) == {"queue", "prefill", "decode"}
@@ -84,3 +85,20 @@ def test_finished_and_aborted_requests_become_span_trees():
     assert tpot.count == 1 and abs(tpot.sum - 0.010) < 1e-6
     requests = {p.attributes.get("error.type"): p.value for p in metric_points(reader, "sidecar.requests")}
     assert requests == {None: 1, "aborted": 1}
+
+
+def test_the_loggers_own_telemetry_is_named_by_the_vllm_profile(monkeypatch):
+    for name, value in {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "SIDECAR_METRICS_PUSH": "0",
+                        "SIDECAR_TELEMETRY": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    for env_name, expected in ((None, "vllm"), ("my-service", "my-service")):
+        if env_name:
+            monkeypatch.setenv("OTEL_SERVICE_NAME", env_name)
+        logger = SidecarStatLogger(CONFIG, [0])
+        try:
+            attrs = logger.telemetry.resource.attributes
+            assert attrs["service.name"] == expected and attrs["sidecar.process.role"] == "api_server"
+        finally:
+            logger.telemetry.shutdown()

@@ -2,8 +2,9 @@
 
 from types import SimpleNamespace
 
+from sidecar.integration import patching
 from sidecar.telemetry.instruments import STEP_BATCH_SIZE, STEP_DURATION, STEP_TOKENS
-from sidecar_vllm import hooks, patching
+from sidecar_vllm import hooks
 
 from .helpers import in_memory_telemetry, metric_points
 

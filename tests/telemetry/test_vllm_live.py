@@ -55,7 +55,7 @@ def _mean_worker_step_s(stack, at_least: int, timeout_s: float = 15.0) -> float:
 
 async def _traffic(stack, specs):
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-        return await asyncio.gather(*(send_request(session, stack.vllm_url, stack.served_name, PROMPT,
+        return await asyncio.gather(*(send_request(session, stack.server_url, stack.served_name, PROMPT,
                                                    max_tokens=tokens, stream=stream, headers=headers)
                                       for stream, tokens, headers in specs))
 
@@ -187,7 +187,7 @@ def test_prometheus_scrapes_live_server_and_dashboards_have_data(traced_stack, t
 async def _abandon_after_first_token(stack) -> None:
     body = {"model": stack.served_name, "prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True}
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{stack.vllm_url}/v1/completions", json=body) as response:
+        async with session.post(f"{stack.server_url}/v1/completions", json=body) as response:
             async for raw in response.content:
                 if raw.startswith(b"data:"):
                     break  # leaving the block closes the connection: vLLM aborts the request

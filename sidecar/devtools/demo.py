@@ -1,7 +1,9 @@
-"""``make demo``: real vLLM with the local model, the sidecar, streaming traffic, a 5-step capture.
+"""The demo of ``make demo``, for any engine: its server on a local model, the sidecar, streaming
+traffic, a 5-step capture.
 
 Prints what was captured (processes, steps, files), the analysis headline and top operations, and
-exits 0 when the capture is complete. ``--model DIR`` points it at any local model directory.
+exits 0 when the capture is complete. ``--model DIR`` points it at any local model directory. An
+engine integration runs it with its ``Stack`` subclass (``python -m sidecar_vllm.demo``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import threading
 import time
 from pathlib import Path
 
-from .client import SidecarClient, describe
-from .devtools.stack import Stack
-from .devtools.traffic import run_load
+from ..client import SidecarClient, describe
+from .stack import Stack
+from .traffic import run_load
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sidecar.demo", description=__doc__.splitlines()[0])
+def main(stack_class: type[Stack], argv: list[str] | None = None, *, prog: str | None = None,
+         description: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--model", type=Path, default=Path("models/tiny"))
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--work-dir", type=Path, default=None, help="logs and traces (default: a temporary folder)")
@@ -30,11 +33,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: {args.model} is not a model directory (no config.json); run `make model` or pass --model", file=sys.stderr)
         return 2
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="sidecar-demo-"))
-    stack = Stack(model_dir=args.model.resolve(), work_dir=work.resolve(), dtype=args.dtype)
+    stack = stack_class(model_dir=args.model.resolve(), work_dir=work.resolve(), dtype=args.dtype)
     print(f"demo: logs and traces in {work}")
     with stack:
-        print("demo: starting the sidecar and vLLM (about 30 s on CPU) ...", flush=True)
-        procs = stack.start().wait_for_processes(3)
+        print(f"demo: starting the sidecar and {stack.engine_label} (about 30 s on CPU) ...", flush=True)
+        procs = stack.start().wait_for_processes()
         print("demo: engine processes connected: " + ", ".join(p["label"] for p in procs))
 
         stop_traffic = threading.Event()
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         def traffic() -> None:
             async def go():
                 while not stop_traffic.is_set():
-                    result = await run_load(stack.vllm_url, stack.served_name, concurrency=4, duration_s=2, max_tokens=32)
+                    result = await run_load(stack.server_url, stack.served_name, concurrency=4, duration_s=2, max_tokens=32)
                     load.setdefault("requests", 0)
                     load["requests"] += len(result.results)
                     load["failures"] = load.get("failures", 0) + len(result.failures)
@@ -62,14 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(describe(status))
         if status.get("summary"):
-            from .analysis import format_report
+            from ..analysis import format_report
 
             print()
             print(format_report(client.summary(status["id"])))
         print(f"\ndemo: {load.get('requests', 0)} streamed requests during the demo, {load.get('failures', 0)} failed")
         print(f"demo: trace files in {stack.trace_dir / 'captures' / status['id']}")
     return 0 if status["state"] == "done" and not load.get("failures") else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,8 @@
-"""Class patching for the vLLM integration: idempotent, and one failing patch never stops the others.
+"""Class patching for engine integrations: idempotent, and one failing patch never stops the others.
 
-vLLM may load plugins more than once per process, so a method that already carries ``MARK`` is left
-alone; a patch whose module or class is missing (another vLLM version) is logged and skipped.
+An engine may load its plugins more than once per process, so a method that already carries ``MARK``
+is left alone; a patch whose module or class is missing (another engine version) is logged and
+skipped.
 """
 
 from __future__ import annotations

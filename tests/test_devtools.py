@@ -1,0 +1,52 @@
+"""The stack launcher is engine-neutral; the vLLM server's command line and environment are the vLLM
+plugin's (sidecar_vllm.devtools), unchanged from before the split."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar import config
+from sidecar.devtools.stack import Stack
+from sidecar_vllm.devtools import VllmStack
+
+
+def test_the_vllm_stack_starts_the_server_as_before(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    stack = VllmStack(model_dir=Path("/models/tiny"), work_dir=tmp_path, server_port=8001, sidecar_port=8788,
+                      server_args=("--seed", "1"), env={"EXTRA": "x"}, plugin_enabled=False)
+    assert stack.server_command() == [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", "/models/tiny", "--served-model-name", "local", "--host", "127.0.0.1", "--port", "8001",
+        "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "1"]
+    env = stack._env()
+    assert {k: env[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_NO_USAGE_STATS", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                "DO_NOT_TRACK", "PYTHONUNBUFFERED", "EXTRA")} == {
+        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1", "EXTRA": "x"}
+    assert env[config.ENV_ENDPOINT] == "http://127.0.0.1:8788" and env[config.ENV_DISABLE] == "1"
+    assert env[config.ENV_TOKEN_FILE] == str(tmp_path / "token")
+    assert stack.server_url == "http://127.0.0.1:8001" and stack.trace_dir == tmp_path / "traces"
+    assert (stack.processes, stack.log_name, stack.engine_label, stack.health_path) == (3, "vllm.log", "vLLM", "/health")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert stack._env()["VLLM_CPU_KVCACHE_SPACE"] == "4"  # the user's own value wins
+
+
+def test_the_neutral_stack_needs_an_engine(tmp_path):
+    stack = Stack(model_dir=tmp_path, work_dir=tmp_path)
+    with pytest.raises(NotImplementedError, match="Stack does not say how to start"):
+        stack.server_command()
+    assert stack.processes == 1 and stack.server_env({}) == {}
+
+
+def test_the_vllm_demo_runs_as_a_module():
+    proc = subprocess.run([sys.executable, "-m", "sidecar_vllm.demo", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "python -m sidecar_vllm.demo" in proc.stdout and "real vLLM with the local model" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "sidecar_vllm.demo", "--model", "/nonexistent"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "is not a model directory" in proc.stderr
