@@ -18,8 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
+from sidecar.integration import patching  # noqa: E402
 from sidecar.probe import Probe  # noqa: E402
-from sidecar_vllm import hooks, patching  # noqa: E402
+from sidecar_vllm import hooks  # noqa: E402
+from sidecar_vllm.profile import VLLM_PROFILE  # noqa: E402
 
 
 class SchedulerOutput:
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     patching.patch(worker_cls, "execute_model", hooks._wrap_execute_model)
     patching.patch(worker_cls, "sample_tokens", hooks._wrap_sample_tokens)
     patching.patch(core_cls, "step", hooks._wrap_engine_step)
-    probe = Probe("worker", 0, endpoint="http://127.0.0.1:9", cuda_available=False)  # not started: idle
+    probe = Probe("worker", 0, profile=VLLM_PROFILE, endpoint="http://127.0.0.1:9", cuda_available=False)  # not started: idle
     plain_w, w, plain_c, c = plain_worker_cls(), worker_cls(), plain_core_cls(), core_cls()
     w.__dict__[hooks.PROBE_ATTR] = probe
     c.__dict__[hooks.PROBE_ATTR] = probe

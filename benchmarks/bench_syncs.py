@@ -3,8 +3,9 @@
 A small Llama-style forward loop (the tiny model's shape: 2 layers, hidden 128, vocab 2048; batch
 8 x 16 tokens, one thread, inference_mode), timed side by side in alternating rounds:
   none       the bare loop
-  disarmed   a SyncScan driven through its step interface every step but never armed (what a
-             probe pays while a scan waits), after an earlier scan was armed and removed again
+  disarmed   a SyncScan driven through its step interface every step but never begun (what a
+             probe pays while a scan waits for the sidecar's start step), after an earlier scan was
+             armed and removed again
   armed      the detector armed and scanning every step (no syncs in the loop: pure overhead)
   armed_cpu  armed with treat_cpu_as_device (CPU tensors watched too, host buffers tracked)
   bare_mode  an empty TorchDispatchMode: torch's own price for sending every op through Python,
@@ -120,8 +121,10 @@ def run_mode(mode: str, model, x, steps: int) -> list[float]:
             with _Bare():
                 return time_steps(step, steps)
         if mode == "disarmed":
-            scan = SyncScan(SyncSpec("bench", 1, delay=10**9), lambda msg: None, detector=SyncDetector(treat_cpu_as_device=False))
-            return time_steps(step, steps, lambda: scan.on_step_begin(True), lambda: scan.on_step_end(True))
+            # Armed and never begun: the sidecar's begin(start_step) has not come.
+            scan = SyncScan(SyncSpec(id="bench", steps=1), lambda msg: None, detector=SyncDetector(treat_cpu_as_device=False))
+            number = iter(range(10**9))
+            return time_steps(step, steps, lambda: scan.on_step_begin(True, next(number)), lambda: scan.on_step_end(True))
         detector = SyncDetector(treat_cpu_as_device=mode == "armed_cpu")
         detector.arm()
         counter = iter(range(10**9))

@@ -28,7 +28,7 @@ def main() -> None:
     x = torch.randn(32, 32)
     if args.role == "api_server":
         loop = asyncio.new_event_loop()
-        Probe(args.role, args.rank, engine="fake", loop=loop, cuda_available=False).start()
+        Probe(args.role, args.rank, loop=loop, cuda_available=False).start()
 
         async def serve():
             while True:
@@ -37,7 +37,7 @@ def main() -> None:
 
         loop.run_until_complete(serve())
         return
-    probe = Probe(args.role, args.rank, engine="fake", cuda_available=False, sync_watch=watch).start()
+    probe = Probe(args.role, args.rank, cuda_available=False, sync_watch=watch).start()
     taken = 0
     while True:
         has_work = args.steps_then_idle is None or taken < args.steps_then_idle

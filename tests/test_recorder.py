@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sidecar.probe.recorder import StepCapture
-from sidecar.protocol import CaptureSpec
+from sidecar.protocol import CaptureReport, CaptureSpec
 
 
 class Reports:
@@ -17,13 +17,14 @@ class Reports:
         self.done = threading.Event()
 
     def __call__(self, msg):
+        assert isinstance(msg, CaptureReport)
         self.messages.append(msg)
-        if msg["state"] in ("done", "failed"):
+        if msg.state in ("done", "failed"):
             self.done.set()
 
     @property
     def states(self):
-        return [m["state"] for m in self.messages]
+        return [m.state for m in self.messages]
 
 
 @pytest.fixture
@@ -74,8 +75,8 @@ def test_records_exactly_n_working_steps_and_skips_empty_ones(tmp_path, exporter
         step(capture, has_work)
     assert reports.done.wait(10)
     assert reports.states == ["capturing", "exporting", "done"]
-    assert reports.messages[-1]["steps_recorded"] == 3
-    assert reports.messages[-1]["first_step"] == 1
+    assert reports.messages[-1].steps_recorded == 3
+    assert reports.messages[-1].first_step == 1
     assert profiler_steps(tmp_path / "w.json") == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
     assert capture.finished
 
@@ -99,12 +100,27 @@ def test_starts_at_the_common_start_step_or_the_next_if_it_passed(tmp_path, expo
     assert late.first_step == 5
 
 
+def test_a_step_that_announced_work_and_did_none_opens_no_profiler_step(tmp_path, exporter):
+    reports = Reports()
+    capture = StepCapture(CaptureSpec(id="c7", steps=2, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    capture.begin(0)
+    for did_work in (False, False, True, False, True):  # every step announced work; two did some
+        capture.on_step_begin(True, Counter.steps)
+        if did_work:
+            work()
+            Counter.steps += 1
+        capture.on_step_end(did_work)
+    assert reports.done.wait(10)
+    assert (reports.messages[-1].first_step, reports.messages[-1].steps_recorded) == (0, 2)
+    assert profiler_steps(tmp_path / "w.json") == ["ProfilerStep#0", "ProfilerStep#1"]
+
+
 def test_stop_before_start_fails_without_touching_the_profiler(tmp_path, exporter):
     reports = Reports()
     capture = StepCapture(CaptureSpec(id="c3", steps=2, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
     assert capture.request_stop("timeout") is True
     assert capture.finished and reports.states == ["failed"]
-    assert "timeout" in reports.messages[0]["error"]
+    assert "timeout" in reports.messages[0].error
     step(capture)  # later steps are no-ops
     assert reports.states == ["failed"] and not (tmp_path / "w.json").exists()
 
@@ -119,9 +135,9 @@ def test_stop_while_recording_keeps_what_was_recorded(tmp_path, exporter):
     assert capture.state == "recording"
     step(capture)  # the next step boundary ends it
     assert reports.done.wait(10)
-    assert reports.messages[-1]["state"] == "done"
-    assert reports.messages[-1]["steps_recorded"] == 2
-    assert reports.messages[-1]["stop_reason"] == "stopped by request"
+    assert reports.messages[-1].state == "done"
+    assert reports.messages[-1].steps_recorded == 2
+    assert reports.messages[-1].stop_reason == "stopped by request"
     assert len(profiler_steps(tmp_path / "w.json")) == 2
 
 
@@ -133,8 +149,8 @@ def test_export_failure_is_reported_not_raised(tmp_path, exporter):
     capture.begin(0)
     step(capture)
     assert reports.done.wait(10)
-    assert reports.messages[-1]["state"] == "failed"
-    assert "export failed" in reports.messages[-1]["error"]
+    assert reports.messages[-1].state == "failed"
+    assert "export failed" in reports.messages[-1].error
 
 
 def test_a_profiler_error_on_the_step_path_never_reaches_the_engine(tmp_path, exporter):
@@ -156,5 +172,5 @@ def test_a_profiler_error_on_the_step_path_never_reaches_the_engine(tmp_path, ex
     probe.step_begin(True)  # must not raise
     probe.step_end(True)
     assert probe._capture is None and capture.finished
-    assert reports.messages[-1]["state"] == "failed" and "kineto exploded" in reports.messages[-1]["error"]
+    assert reports.messages[-1].state == "failed" and "kineto exploded" in reports.messages[-1].error
     assert probe.steps == 2

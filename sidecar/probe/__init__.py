@@ -1,4 +1,10 @@
-"""The engine-side half: records steps on request of the sidecar. See probe.Probe."""
+"""The engine-side half: records steps on request of the sidecar. See probe.Probe.
+
+probe.py     the per-process probe, on the engine's step path
+recorder.py  torch.profiler captures: ``StepCapture`` (N working steps), ``WindowCapture`` (API server)
+sync_tools.py  the hidden-sync scan and watch, built from the engine profile
+link.py      the websocket to the sidecar (typed messages, reconnecting)
+"""
 
 from .probe import Probe
 

@@ -2,21 +2,25 @@
 
 The engine never depends on the sidecar: if it is absent, killed or restarted, the link retries with
 backoff and the engine is never told. Nothing here runs on the engine's step path; messages the step
-thread wants to send are handed over with ``call_soon_threadsafe``.
+thread wants to send are handed over with ``call_soon_threadsafe`` and encoded on the link thread.
+
+Every frame is a typed message (sidecar.protocol): the first one sent is the probe's ``Hello``; every
+frame received is decoded and validated in one call, and a malformed one is logged and dropped, never
+half-applied. A sidecar that refuses the hello (another protocol version: the reason names both)
+closes the connection with ``CLOSE_REFUSED`` and its reason, which is logged as a warning.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 import aiohttp
 
 from .. import auth
-from ..protocol import PROBE_WS_PATH, ProcessIdentity
+from ..protocol import CLOSE_REFUSED, PROBE_WS_PATH, FromSidecar, Heartbeat, Hello, ProtocolError, decode_from_sidecar, encode
 
 log = logging.getLogger(__name__)
 
@@ -29,23 +33,25 @@ class SidecarLink:
     def __init__(
         self,
         endpoint: str,
-        identity: ProcessIdentity,
-        on_message: Callable[[dict[str, Any]], None],
+        hello: Hello,
+        on_message: Callable[[FromSidecar], None],
         on_disconnect: Callable[[], None],
-        heartbeat: Callable[[], dict[str, Any]],
+        heartbeat: Callable[[], Heartbeat],
         token_provider: Callable[[], str | None] = auth.read_token,
         warmup: Callable[[], None] | None = None,
     ) -> None:
         self._url = endpoint.rstrip("/") + PROBE_WS_PATH
-        self._identity = identity
+        self._hello = encode(hello)
         self._on_message = on_message
         self._on_disconnect = on_disconnect
         self._heartbeat = heartbeat
         self._token_provider = token_provider
         self._warmup = warmup
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._main: asyncio.Task | None = None  # connect, serve, reconnect: until close()
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._stopping = False
+        self._refusal: str | None = None  # the last version refusal logged (reconnects repeat it)
         self._thread = threading.Thread(target=self._run, name="inference-sidecar-link", daemon=True)
         self.connected = threading.Event()
 
@@ -53,14 +59,24 @@ class SidecarLink:
         self._thread.start()
 
     def close(self, timeout: float = 2.0) -> None:
+        """Stop reconnecting and leave the sidecar: the connection is closed as a websocket close,
+        so the sidecar sees the probe go at once."""
         self._stopping = True
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(loop.stop)
+            try:
+                loop.call_soon_threadsafe(self._cancel_main)
+            except RuntimeError:  # loop closed between the check and the call
+                pass
         self._thread.join(timeout)
 
-    def send(self, msg: dict[str, Any]) -> None:
-        """Queue a message from any thread; dropped if not connected (the sidecar re-learns state)."""
+    def _cancel_main(self) -> None:
+        if self._main is not None:
+            self._main.cancel()
+
+    def send(self, msg) -> None:
+        """Queue a message (a sidecar.protocol struct) from any thread; dropped if not connected (the
+        sidecar re-learns state)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -69,7 +85,7 @@ class SidecarLink:
         except RuntimeError:  # loop closed between the check and the call
             pass
 
-    def _send_now(self, msg: dict[str, Any]) -> None:
+    def _send_now(self, msg) -> None:
         ws = self._ws
         if ws is not None and not ws.closed:
             asyncio.ensure_future(self._safe_send(ws, msg))
@@ -77,7 +93,12 @@ class SidecarLink:
     @staticmethod
     async def _safe_send(ws, msg) -> None:
         try:
-            await ws.send_str(json.dumps(msg))
+            frame = encode(msg)
+        except Exception as exc:  # a report that cannot be encoded must not kill the link
+            log.warning("inference-sidecar: %s not sent to the sidecar: %s", type(msg).__name__, exc)
+            return
+        try:
+            await ws.send_str(frame)
         except (ConnectionError, RuntimeError, aiohttp.ClientError):
             pass
 
@@ -87,8 +108,9 @@ class SidecarLink:
         try:
             if self._warmup is not None:
                 self._warmup()
-            loop.run_until_complete(self._connect_forever())
-        except RuntimeError:  # loop.stop() from close()
+            self._main = loop.create_task(self._connect_forever())
+            loop.run_until_complete(self._main)
+        except asyncio.CancelledError:  # close()
             pass
         except Exception:  # never let the thread die loudly inside an engine
             log.exception("inference-sidecar: probe link stopped")
@@ -104,7 +126,7 @@ class SidecarLink:
                 headers = {"Authorization": f"Bearer {token}"} if token else {}
                 try:
                     async with session.ws_connect(self._url, headers=headers, heartbeat=10) as ws:
-                        await ws.send_str(json.dumps(self._identity.to_hello()))
+                        await ws.send_str(self._hello)
                         self._ws = ws
                         self.connected.set()
                         backoff = BACKOFF_MIN_S
@@ -123,18 +145,45 @@ class SidecarLink:
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         beat = asyncio.ensure_future(self._beat(ws))
         try:
-            async for raw in ws:
-                if raw.type != aiohttp.WSMsgType.TEXT:
-                    break
-                try:
-                    msg = json.loads(raw.data)
-                    self._on_message(msg)
-                except Exception:
-                    log.exception("inference-sidecar: bad message from sidecar")
+            while True:
+                frame = await ws.receive()
+                if frame.type == aiohttp.WSMsgType.TEXT:
+                    self._deliver(frame.data)
+                    continue
+                if frame.type == aiohttp.WSMsgType.CLOSE:
+                    self._closed_by_sidecar(frame.data, frame.extra)
+                break  # closed, closing, an error or a binary frame: this connection is over
         finally:
             beat.cancel()
+
+    def _deliver(self, frame: str) -> None:
+        try:
+            msg = decode_from_sidecar(frame)
+        except ProtocolError as exc:
+            log.warning("inference-sidecar: malformed message from the sidecar dropped: %s", exc)
+            return
+        try:
+            self._on_message(msg)
+        except Exception:
+            log.exception("inference-sidecar: %s from the sidecar not applied", type(msg).__name__)
+
+    def _closed_by_sidecar(self, code, reason) -> None:
+        if code != CLOSE_REFUSED:
+            return
+        reason = f"the sidecar at {self._url} refused this probe: {reason or f'close code {code}'}"
+        # The link reconnects (the sidecar may be upgraded) and is refused again: say it once.
+        if reason != self._refusal:
+            self._refusal = reason
+            log.warning("inference-sidecar: %s", reason)
+        else:
+            log.debug("inference-sidecar: %s", reason)
 
     async def _beat(self, ws) -> None:
         while not ws.closed:
             await asyncio.sleep(HEARTBEAT_S)
-            await self._safe_send(ws, {"type": "heartbeat", **self._heartbeat()})
+            try:
+                beat = self._heartbeat()
+            except Exception:  # a heartbeat skipped, not every later one
+                log.debug("inference-sidecar: heartbeat not built", exc_info=True)
+                continue
+            await self._safe_send(ws, beat)

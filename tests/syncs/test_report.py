@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import sync_kinds
+from sidecar.protocol import ProtocolError, SyncArm, SyncReport, decode_from_sidecar, encode
 from sidecar.syncs import (
     ENV_ALLOWLIST,
     AllowEntry,
@@ -33,16 +34,21 @@ def site(path="pkg/model.py", line=10, function="forward", op="item", **extra):
     return {**base, **extra}
 
 
-def run_scan(spec, steps, allowlist=None, step_fn=lambda i: sync_kinds.item(X)):
-    """Drive a scan like a probe: ``steps`` is a list of has_work flags."""
+def run_scan(spec, steps, allowlist=None, step_fn=lambda i: sync_kinds.item(X), start_step=0):
+    """Drive a scan like a probe: ``steps`` is a list of has_work flags; the probe's working-step
+    count numbers the steps; the sidecar's ``begin`` has arrived with ``start_step``."""
     messages = []
     scan = SyncScan(spec, messages.append, allowlist=allowlist, detector=SyncDetector(treat_cpu_as_device=True))
+    scan.begin(start_step)
+    working = 0
     for i, has_work in enumerate(steps):
-        scan.on_step_begin(has_work)
+        scan.on_step_begin(has_work, working)
         step_fn(i)
+        working += has_work
         scan.on_step_end(has_work)
         if scan.finished:
             break
+    assert all(isinstance(m, SyncReport) for m in messages)
     return scan, messages
 
 
@@ -58,8 +64,11 @@ def test_allow_entry_matching():
     assert not AllowEntry("vllm/v1/worker/gpu_model_runner.py", line=7191).matches(s)
 
 
-def test_builtin_entries_cover_vllms_sampled_token_transfer():
-    allowlist = Allowlist()
+def test_the_core_has_no_entries_and_vllms_profile_covers_its_sampled_token_transfer():
+    from sidecar_vllm.profile import VLLM_PROFILE
+
+    assert Allowlist().entries == () and from_environment().entries == ()
+    allowlist = Allowlist(VLLM_PROFILE.allow_entries)
     for path in ("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/cpu_model_runner.py"):
         cls, reason = allowlist.classify(site(path, 1, "_to_list", "tolist"))
         assert cls == "expected" and "sampled token" in reason
@@ -74,10 +83,11 @@ def test_user_entries_from_a_file(tmp_path, monkeypatch, caplog):
     assert load_entries(listed) == [AllowEntry("pkg/model.py", "forward", "item", None, "ours")]
     assert load_entries(wrapped) == [AllowEntry("pkg/*.py", line=10)]
 
+    engines = [AllowEntry("engine/runner.py", "_to_list", reason="the engine's")]
     monkeypatch.setenv(ENV_ALLOWLIST, str(listed))
-    allowlist = from_environment()
+    allowlist = from_environment(base=engines)
     assert allowlist.classify(site()) == ("expected", "ours")
-    assert allowlist.classify(site("vllm/v1/worker/cpu_model_runner.py", 1, "_to_list", "tolist"))[0] == "expected"
+    assert allowlist.classify(site("engine/runner.py", 1, "_to_list", "tolist")) == ("expected", "the engine's")
 
     bad = tmp_path / "bad.json"
     for text in ("not json", '{"allow": 3}', '[{"function": "f"}]', '[{"path": "a", "colour": 1}]', '[{"path": "a", "line": "7"}]'):
@@ -85,7 +95,7 @@ def test_user_entries_from_a_file(tmp_path, monkeypatch, caplog):
         with pytest.raises(ValueError, match="bad.json"):
             load_entries(bad)
     monkeypatch.setenv(ENV_ALLOWLIST, str(bad))
-    assert from_environment().entries == Allowlist().entries  # logged, built-ins kept
+    assert from_environment(base=engines).entries == tuple(engines)  # logged, the engine's kept
     assert ENV_ALLOWLIST in caplog.text
 
 
@@ -96,8 +106,8 @@ def test_scan_classifies_with_the_allowlist():
         sync_kinds.item(X)
         sync_kinds.tolist(X)
 
-    _, messages = run_scan(SyncSpec("a", 2), [True, True], allowlist, step)
-    sites = messages[-1]["sites"]
+    _, messages = run_scan(SyncSpec(id="a", steps=2), [True, True], allowlist, step)
+    sites = messages[-1].sites
     assert [(s["op"], s["classification"], s["reason"]) for s in sites] == [
         ("tolist", "hidden", ""), ("item", "expected", "on purpose"),
     ]
@@ -113,16 +123,16 @@ def test_baseline_shows_only_new_sites():
 
 
 def test_saved_report_round_trips_as_a_baseline(tmp_path):
-    _, first = run_scan(SyncSpec("a", 1), [True])
+    _, first = run_scan(SyncSpec(id="a", steps=1), [True])
     path = tmp_path / "baseline.json"
-    path.write_text(json.dumps(first[-1]))
+    path.write_text(encode(first[-1]))
 
     def step(i):
         sync_kinds.item(X)
         sync_kinds.nonzero(X)
 
-    _, second = run_scan(SyncSpec("b", 1), [True], step_fn=step)
-    assert [s["op"] for s in new_sites(second[-1]["sites"], json.loads(path.read_text()))] == ["nonzero"]
+    _, second = run_scan(SyncSpec(id="b", steps=1), [True], step_fn=step)
+    assert [s["op"] for s in new_sites(second[-1].sites, json.loads(path.read_text()))] == ["nonzero"]
 
 
 # -- merge ----------------------------------------------------------------------------------------
@@ -151,44 +161,50 @@ def test_scan_records_exactly_n_working_steps():
         seen_steps.append(i)
         sync_kinds.item(X)
 
-    # delay 1: the first working step is skipped; idle steps are neither scanned nor counted.
-    scan, messages = run_scan(SyncSpec("n", 3, delay=1), [False, True, False, True, True, False, True, True], step_fn=step)
+    # begun at working step 1: the first working step is not scanned; idle steps are neither
+    # scanned nor counted.
+    scan, messages = run_scan(SyncSpec(id="n", steps=3), [False, True, False, True, True, False, True, True],
+                              step_fn=step, start_step=1)
     assert scan.finished
-    assert [m["state"] for m in messages] == ["scanning", "done"]
+    assert [m.state for m in messages] == ["scanning", "done"]
     done = messages[-1]
-    assert done["steps_recorded"] == 3 and done["scan_id"] == "n" and done["type"] == "sync"
-    (only,) = done["sites"]
+    assert (done.steps_recorded, done.job_id, done.first_step) == (3, "n", 1)
+    (only,) = done.sites
     assert (only["op"], only["count"], only["count_per_step"], only["first_step"], only["last_step"]) == ("item", 3, 1.0, 0, 2)
     assert (only["file"], only["function"], only["phase"]) == (sync_kinds.FILE, "item", "other")
     assert seen_steps == [0, 1, 2, 3, 4, 5, 6]
-    json.dumps(done)
+    encode(done)
     assert "item" not in torch.Tensor.__dict__
 
 
-def test_stop_before_the_first_step_fails():
+def test_an_armed_scan_waits_for_begin_then_stop_before_the_first_step_fails():
     messages = []
-    scan = SyncScan(SyncSpec("s", 2), messages.append)
-    scan.on_step_begin(False)
-    scan.on_step_end(False)
+    scan = SyncScan(SyncSpec(id="s", steps=2), messages.append)
+    for step in range(3):  # armed, not begun: working steps go by unscanned
+        scan.on_step_begin(True, step)
+        scan.on_step_end(True)
+    assert scan.state == "armed" and messages == []
     assert scan.request_stop("sidecar disconnected") is True
     assert scan.finished
-    assert messages[-1]["state"] == "failed" and "sidecar disconnected" in messages[-1]["error"]
+    assert messages[-1].state == "failed" and "sidecar disconnected" in messages[-1].error
+    assert messages[-1].stop_reason == "sidecar disconnected"
 
 
 def test_stop_while_scanning_reports_what_was_seen():
     messages = []
-    scan = SyncScan(SyncSpec("s", 10), messages.append, detector=SyncDetector(treat_cpu_as_device=True))
+    scan = SyncScan(SyncSpec(id="s", steps=10), messages.append, detector=SyncDetector(treat_cpu_as_device=True))
+    scan.begin(0)
     for i in range(2):
-        scan.on_step_begin(True)
+        scan.on_step_begin(True, i)
         sync_kinds.tolist(X)
         scan.on_step_end(True)
     assert scan.request_stop("stopped") is False
     assert not scan.finished
-    scan.on_step_begin(True)  # the next step ends it, on the step thread
+    scan.on_step_begin(True, 2)  # the next step ends it, on the step thread
     assert scan.finished
     done = messages[-1]
-    assert (done["state"], done["steps_recorded"], done["stop_reason"]) == ("done", 2, "stopped")
-    assert [s["count"] for s in done["sites"]] == [2]
+    assert (done.state, done.steps_recorded, done.stop_reason) == ("done", 2, "stopped")
+    assert [s["count"] for s in done.sites] == [2]
     assert "tolist" not in torch.Tensor.__dict__
 
 
@@ -198,17 +214,18 @@ def test_a_detector_that_fails_to_arm_fails_the_scan():
             raise RuntimeError("boom")
 
     messages = []
-    scan = SyncScan(SyncSpec("s", 1), messages.append, detector=Broken(treat_cpu_as_device=True))
-    scan.on_step_begin(True)
+    scan = SyncScan(SyncSpec(id="s", steps=1), messages.append, detector=Broken(treat_cpu_as_device=True))
+    scan.begin(0)
+    scan.on_step_begin(True, 0)
     scan.on_step_end(True)
     assert scan.finished
-    assert messages == [{"type": "sync", "scan_id": "s", "state": "failed", "steps_recorded": 0,
-                         "treat_cpu_as_device": True, "error": "sync detector failed to arm: boom"}]
+    assert messages == [SyncReport(job_id="s", state="failed", steps_recorded=0, first_step=0,
+                                   treat_cpu_as_device=True, error="sync detector failed to arm: boom")]
 
 
 def test_spec_round_trip_and_validation():
-    spec = SyncSpec("x", 5, 2)
-    assert SyncSpec.from_dict(spec.to_dict()) == spec
-    for bad in ({"id": "x", "steps": 0}, {"id": "x", "steps": 2, "delay": -1}):
-        with pytest.raises(ValueError):
-            SyncSpec.from_dict(bad)
+    spec = SyncSpec(id="x", steps=5)
+    assert decode_from_sidecar(encode(SyncArm(spec=spec))) == SyncArm(spec=spec)
+    for bad in ({"id": "x", "steps": 0}, {"id": "x", "steps": "2"}, {"steps": 2}, {"id": "x y", "steps": 2}):
+        with pytest.raises(ProtocolError):
+            decode_from_sidecar(json.dumps({"type": "sync_arm", "spec": bad}))

@@ -31,6 +31,11 @@ class WorkerStepDriver:
         self.scan = scan
         self.pending = None
         self.threads = set()
+        self.steps = 0  # working steps so far: the probe's count, which the scan's window is set in
+
+    def end_step(self, did_work: bool) -> None:
+        self.scan.on_step_end(did_work)
+        self.steps += did_work
 
     def install(self, monkeypatch) -> None:
         from vllm.v1.worker.gpu_worker import Worker
@@ -41,19 +46,19 @@ class WorkerStepDriver:
         def wrapped_execute_model(worker, scheduler_output, *args, **kwargs):
             driver.threads.add(threading.get_ident())
             has_work = scheduler_output.total_num_scheduled_tokens > 0
-            driver.scan.on_step_begin(has_work)
+            driver.scan.on_step_begin(has_work, driver.steps)
             result = execute_model(worker, scheduler_output, *args, **kwargs)
             if result is None:
                 driver.pending = has_work
             else:
-                driver.scan.on_step_end(has_work)
+                driver.end_step(has_work)
             return result
 
         def wrapped_sample_tokens(worker, *args, **kwargs):
             result = sample_tokens(worker, *args, **kwargs)
             if driver.pending is not None:
                 pending, driver.pending = driver.pending, None
-                driver.scan.on_step_end(pending)
+                driver.end_step(pending)
             return result
 
         monkeypatch.setattr(Worker, "execute_model", wrapped_execute_model)
@@ -93,20 +98,24 @@ def test_scan_reports_exactly_the_planted_lines(llm, monkeypatch):
     import vllm
     from planted_sync_model.model import PLANTED_FILE, PLANTED_SYNCS
 
-    from sidecar.syncs import SyncScan, SyncSpec
+    from sidecar.syncs import Allowlist, SyncDetector, SyncScan, SyncSpec
+    from sidecar_vllm.profile import VLLM_PROFILE
 
     messages = []
-    scan = SyncScan(SyncSpec(id="e2e", steps=STEPS), messages.append)
+    # What a vLLM process's probe builds: the vLLM profile's phase rules, skipped packages and allowlist.
+    scan = SyncScan(SyncSpec(id="e2e", steps=STEPS), messages.append, allowlist=Allowlist(VLLM_PROFILE.allow_entries),
+                    detector=SyncDetector(locator=VLLM_PROFILE.site_locator()))
+    scan.begin(0)  # from the first working step: what the sidecar's begin message does
     driver = WorkerStepDriver(scan)
     driver.install(monkeypatch)
     outputs = llm.generate(["hello world", "the model"], vllm.SamplingParams(max_tokens=STEPS + 2, temperature=0))
     assert all(len(o.outputs[0].token_ids) == STEPS + 2 for o in outputs)
 
     assert scan.finished
-    assert [m["state"] for m in messages] == ["scanning", "done"]
+    assert [m.state for m in messages] == ["scanning", "done"]  # sidecar.protocol.SyncReport
     report = messages[-1]
-    assert report["steps_recorded"] == STEPS and report["treat_cpu_as_device"] is True
-    sites = report["sites"]
+    assert report.steps_recorded == STEPS and report.treat_cpu_as_device is True
+    sites = report.sites
 
     hidden = sorted((s["line"], s["op"]) for s in sites if s["classification"] == "hidden")
     assert hidden == sorted(PLANTED_SYNCS)
