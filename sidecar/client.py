@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config
-
-FINAL_STATES = ("done", "partial", "failed")
+from .verdicts import FINAL
 
 
 class SidecarError(Exception):
@@ -58,7 +57,7 @@ class SidecarClient:
         deadline = time.monotonic() + timeout
         while True:
             status = self.status(capture_id)
-            if status["state"] in FINAL_STATES:
+            if status["state"] in FINAL:
                 return status
             if time.monotonic() > deadline:
                 raise TimeoutError(f"capture {capture_id} still {status['state']} after {timeout:.0f} s")

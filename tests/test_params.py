@@ -1,6 +1,6 @@
 import pytest
 
-from sidecar.service.params import ParamError, ProcessSelector, parse_capture_request
+from sidecar.service.params import ParamError, ProcessSelector, parse_capture_request, parse_scan_request
 
 
 def parse(**params):
@@ -52,3 +52,28 @@ def test_defaults_select_everything():
     req = parse(steps=1)
     assert req.activities == () and req.delay == 0 and not req.with_stack
     assert req.selects("api_server", None) and req.selects("worker", 7)
+
+
+def test_roles_of_connected_processes_are_accepted_and_unknown_ones_listed():
+    req = parse_capture_request({"steps": "1", "processes": "scheduler:0"}, max_steps=10, connected_roles=["scheduler"])
+    assert req.processes == (ProcessSelector("scheduler", 0),)
+    with pytest.raises(ParamError) as info:
+        parse_capture_request({"steps": "1", "processes": "scheduler"}, max_steps=10)
+    assert info.value.param == "processes"
+    assert "'scheduler'; use api_server, engine_core, worker (optionally role:rank)" in info.value.message
+
+
+@pytest.mark.parametrize("raw, value", [("yes", True), ("ON", True), (" 1 ", True), ("off", False), ("", False),
+                                        ("No", False)])
+def test_boolean_options_take_the_one_set_of_words(raw, value):
+    assert parse(steps=1, with_flops=raw).with_flops is value
+
+
+def test_scan_requests():
+    req = parse_scan_request({"steps": "2", "delay": "1", "baseline": "s20261121-051500-0a1b2c"}, max_steps=10)
+    assert (req.steps, req.delay, req.baseline) == (2, 1, "s20261121-051500-0a1b2c")
+    for params, param in [({"steps": "2", "baseline": "20261121-051500-0a1b2c"}, "baseline"),
+                          ({"steps": "2", "activities": "cpu"}, "activities")]:
+        with pytest.raises(ParamError) as info:
+            parse_scan_request(params, max_steps=10)
+        assert info.value.param == param

@@ -1,39 +1,166 @@
-"""What captures and sync scans share: one job at a time, a timeout, background tasks."""
+"""The job model captures and sync scans share: kinds, ids, errors, the per-process record, the verdict.
+
+A job runs in some connected engine processes at once. The life cycle that drives it (arming,
+the common start step, stop requests, grace period, timeout, retention) is in job_manager.py; what
+is particular to a kind (a capture's trace directory and merge, a scan's baseline and site merge) is
+in captures.py and scans.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..protocol import CaptureReport, P_ARMED, P_DONE, ProcessIdentity, SyncReport
+from . import job_states as st
+
+if TYPE_CHECKING:
+    from .registry import ProbeConnection
 
 
-class OneJobAtATime:
-    """Base of CaptureManager and ScanManager. A job has ``request.timeout_s`` and ``done_event``;
-    subclasses set ``self._active`` and implement ``_request_stop(job, reason)``."""
+@dataclass(frozen=True)
+class JobKind:
+    name: str  # "capture": in reasons ("probe disconnected during the capture")
+    id_prefix: str  # ids are unique across kinds: the probes' "begin" and "stop" serve every kind
+    running: str  # the job's and its processes' state while recording
+    states: st.Table
+    process_states: st.Table
+    report: type  # the probe's report struct for this kind
+    recorded: str  # the verb of a shortfall: "recorded 3 of 5 steps"
+    grace_error: str  # why a process that did not stop in the grace period is lost
 
-    def __init__(self) -> None:
-        self._active: Any = None
-        self._tasks: set[asyncio.Task] = set()
+    def new_id(self) -> str:
+        """``YYYYmmdd-HHMMSS-xxxxxx`` (UTC, 3 random bytes) after the kind's prefix (docs/api.md)."""
+        return self.id_prefix + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+    def is_id(self, text: str) -> bool:
+        return re.fullmatch(re.escape(self.id_prefix) + r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}", text) is not None
+
+
+CAPTURE = JobKind(
+    name="capture", id_prefix="", running=st.CAPTURING, states=st.CAPTURE_STATES,
+    process_states=st.CAPTURE_PROCESS_STATES, report=CaptureReport, recorded="recorded",
+    grace_error=("did not stop within the grace period: torch.profiler can only stop on the engine's "
+                 "own step, and this process took no step (idle engine?)"),
+)
+SCAN = JobKind(
+    name="scan", id_prefix="s", running=st.SCANNING, states=st.SCAN_STATES,
+    process_states=st.SCAN_PROCESS_STATES, report=SyncReport, recorded="scanned",
+    grace_error="did not stop within the grace period (idle engine?)",
+)
+
+
+class JobBusy(Exception):
+    """A job of any kind is running: one at a time (a profiler would record a scan's overhead)."""
+
+    def __init__(self, active: "Job") -> None:
+        super().__init__(f"{active.kind.name} {active.id} is {active.state}")
+        self.active = active
+
+
+class NoProbes(Exception):
+    pass
+
+
+@dataclass(eq=False, kw_only=True)
+class ProcessRun:
+    """One engine process's part in a job. ``state`` moves through the kind's process table."""
+
+    conn: "ProbeConnection | None"
+    identity: ProcessIdentity
+    state: str = P_ARMED
+    steps_recorded: int = 0
+    steps_seen: int | None = None  # the process's working-step count when it was armed
+    first_step: int | None = None  # the working step it started recording at
+    error: str | None = None
+
+    # The identity's fields, by the names the merge and the JSON use.
+    @property
+    def label(self) -> str:
+        return self.identity.label
 
     @property
-    def active(self) -> Any:
-        return self._active
+    def role(self) -> str:
+        return self.identity.role
 
-    async def _request_stop(self, job: Any, reason: str) -> None:
-        raise NotImplementedError
+    @property
+    def pid(self) -> int:
+        return self.identity.pid
 
-    async def _watch_timeout(self, job: Any) -> None:
-        try:
-            await asyncio.wait_for(job.done_event.wait(), job.request.timeout_s)
-        except asyncio.TimeoutError:
-            if job is self._active:
-                await self._request_stop(job, f"timeout after {job.request.timeout_s:g} s")
+    @property
+    def rank(self) -> int | None:
+        return self.identity.rank
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    @property
+    def stem(self) -> str:
+        return self.identity.file_stem
 
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    @property
+    def step_driven(self) -> bool:
+        return self.identity.step_driven
+
+    @property
+    def sort_key(self) -> tuple:
+        return self.identity.sort_key
+
+    @property
+    def ended(self) -> bool:
+        return self.state in st.P_TERMINAL
+
+
+@dataclass(eq=False, kw_only=True)
+class Job:
+    kind: ClassVar[JobKind]
+
+    id: str
+    request: Any  # a params.JobRequest: steps, delay, processes, timeout_s
+    processes: list[Any]  # ProcessRun of the kind
+    state: str = st.ARMED
+    reason: str | None = None
+    stop_reason: str | None = None
+    created_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    start_step: int | None = None  # the common first working step sent in "begin"
+    notes: list[str] = field(default_factory=list)
+    armed_event: asyncio.Event = field(default_factory=asyncio.Event)  # every step-driven process answered
+    done_event: asyncio.Event = field(default_factory=asyncio.Event)  # final state reached
+
+    def advance(self, new: str) -> None:
+        st.require(self.kind.states, self.state, new, f"{self.kind.name} {self.id}")
+        self.state = new
+
+    def can_move(self, rec: ProcessRun, new: str) -> bool:
+        return st.allowed(self.kind.process_states, rec.state, new)
+
+    def move(self, rec: ProcessRun, new: str, error: str | None = None) -> None:
+        st.require(self.kind.process_states, rec.state, new, f"{self.kind.name} {self.id}, {rec.label}")
+        rec.state = new
+        if error is not None:
+            rec.error = error
+
+    @property
+    def step_driven(self) -> list[Any]:
+        return [p for p in self.processes if p.step_driven]
+
+    def all_ended(self, processes: list[Any] | None = None) -> bool:
+        return all(p.ended for p in (self.processes if processes is None else processes))
+
+
+def verdict(job: Job, problems: list[str], *, has_result: bool) -> tuple[str, str | None]:
+    """The final state and reason: ``failed`` without a result (no engine step), else ``partial``
+    when anything is missing (an early stop, a process not done, a shortfall of steps, a problem of
+    the kind's own), else ``done``."""
+    reasons = ([job.stop_reason] if job.stop_reason else []) + list(problems)
+    for rec in job.processes:
+        if rec.state != P_DONE:
+            reasons.append(f"{rec.label}: {rec.error or rec.state}")
+        elif rec.step_driven and rec.steps_recorded < job.request.steps:
+            reasons.append(f"{rec.label}: {job.kind.recorded} {rec.steps_recorded} of {job.request.steps} steps")
+    reason = "; ".join(dict.fromkeys(reasons)) or None
+    if not has_result:
+        return st.FAILED, reason or "no engine step was recorded"
+    return (st.PARTIAL, reason) if reason else (st.DONE, None)

@@ -1,19 +1,21 @@
-"""Validation of ``/profile/start`` parameters: every bad value becomes a ``ParamError`` naming it."""
+"""Validation of ``/profile/start`` and ``/sync/start`` parameters: every bad value becomes a
+``ParamError`` naming it. Values are converted from text here, once; the rest of the sidecar gets
+typed requests."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from .. import config
-from ..protocol import ROLES
+from ..engine import STANDARD_ROLES
+from .jobs import SCAN
 
 ACTIVITIES = ("cpu", "cuda")
 BOOLEAN_OPTIONS = ("record_shapes", "with_stack", "profile_memory", "with_flops")
 KNOWN = {"steps", "activities", "delay", "processes", "timeout_s", *BOOLEAN_OPTIONS}
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+SCAN_KNOWN = {"steps", "delay", "processes", "timeout_s", "baseline"}
 
 
 class ParamError(ValueError):
@@ -38,19 +40,30 @@ class ProcessSelector:
 
 
 @dataclass(frozen=True)
-class CaptureRequest:
+class JobRequest:
+    """What every job kind is asked: N working steps after ``delay``, in the selected processes."""
+
     steps: int
     delay: int = 0
-    activities: tuple[str, ...] = ()
-    record_shapes: bool = False
-    with_stack: bool = False
-    profile_memory: bool = False
-    with_flops: bool = False
-    processes: tuple[ProcessSelector, ...] = ()
+    processes: tuple[ProcessSelector, ...] = ()  # empty: every process
     timeout_s: float = config.DEFAULT_CAPTURE_TIMEOUT_S
 
     def selects(self, role: str, rank: int | None) -> bool:
         return not self.processes or any(s.matches(role, rank) for s in self.processes)
+
+
+@dataclass(frozen=True)
+class CaptureRequest(JobRequest):
+    activities: tuple[str, ...] = ()  # empty: what each host has
+    record_shapes: bool = False
+    with_stack: bool = False
+    profile_memory: bool = False
+    with_flops: bool = False
+
+
+@dataclass(frozen=True)
+class ScanRequest(JobRequest):
+    baseline: str | None = None  # id of an earlier scan: report only sites it did not have
 
 
 def _int(params: Mapping[str, str], name: str, lo: int, hi: int, default: int | None = None) -> int:
@@ -72,12 +85,10 @@ def _bool(params: Mapping[str, str], name: str) -> bool:
     raw = params.get(name)
     if raw is None:
         return False
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ParamError(name, f"must be true or false, got {raw!r}")
+    try:
+        return config.parse_bool(raw, name)
+    except ValueError:
+        raise ParamError(name, f"must be true or false, got {raw!r}") from None
 
 
 def _activities(raw: str | None) -> tuple[str, ...]:
@@ -92,7 +103,13 @@ def _activities(raw: str | None) -> tuple[str, ...]:
     return items
 
 
-def _processes(raw: str | None) -> tuple[ProcessSelector, ...]:
+def known_roles(connected: Iterable[str] = ()) -> tuple[str, ...]:
+    """Roles a ``processes=`` filter may name: the standard ones, and whatever roles the connected
+    engine processes declare (an engine's own, e.g. a scheduler that also runs the model)."""
+    return tuple(dict.fromkeys([*(r.name for r in STANDARD_ROLES), *connected]))
+
+
+def _processes(raw: str | None, roles: tuple[str, ...]) -> tuple[ProcessSelector, ...]:
     if raw is None:
         return ()
     selectors = []
@@ -101,8 +118,8 @@ def _processes(raw: str | None) -> tuple[ProcessSelector, ...]:
             continue
         role, _, rank = item.partition(":")
         role = role.strip().lower().replace("-", "_")
-        if role not in ROLES:
-            raise ParamError("processes", f"unknown role {role!r}; use {', '.join(ROLES)} (optionally role:rank)")
+        if role not in roles:
+            raise ParamError("processes", f"unknown role {role!r}; use {', '.join(roles)} (optionally role:rank)")
         if rank:
             try:
                 selectors.append(ProcessSelector(role, int(rank)))
@@ -127,49 +144,36 @@ def _timeout(raw: str | None) -> float:
     return value
 
 
-def parse_capture_request(params: Mapping[str, str], max_steps: int) -> CaptureRequest:
-    unknown = sorted(set(params) - KNOWN)
+def _reject_unknown(params: Mapping[str, str], known: set[str]) -> None:
+    unknown = sorted(set(params) - known)
     if unknown:
-        raise ParamError(unknown[0], f"unknown parameter; known: {', '.join(sorted(KNOWN))}")
+        raise ParamError(unknown[0], f"unknown parameter; known: {', '.join(sorted(known))}")
+
+
+def parse_capture_request(params: Mapping[str, str], max_steps: int,
+                          connected_roles: Iterable[str] = ()) -> CaptureRequest:
+    _reject_unknown(params, KNOWN)
+    # Checked in this order, so that of several bad values the same one is named as always.
     return CaptureRequest(
         steps=_int(params, "steps", 1, max_steps),
         delay=_int(params, "delay", 0, max_steps, default=0),
         activities=_activities(params.get("activities")),
-        processes=_processes(params.get("processes")),
+        processes=_processes(params.get("processes"), known_roles(connected_roles)),
         timeout_s=_timeout(params.get("timeout_s")),
         **{name: _bool(params, name) for name in BOOLEAN_OPTIONS},
     )
 
 
-SCAN_KNOWN = {"steps", "delay", "processes", "timeout_s", "baseline"}
-_SCAN_ID = r"^s[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$"
-
-
-@dataclass(frozen=True)
-class ScanRequest:
-    steps: int
-    delay: int = 0
-    processes: tuple[ProcessSelector, ...] = ()
-    timeout_s: float = config.DEFAULT_CAPTURE_TIMEOUT_S
-    baseline: str | None = None  # id of an earlier scan: report only sites it did not have
-
-    def selects(self, role: str, rank: int | None) -> bool:
-        return not self.processes or any(s.matches(role, rank) for s in self.processes)
-
-
-def parse_scan_request(params: Mapping[str, str], max_steps: int) -> ScanRequest:
-    import re
-
-    unknown = sorted(set(params) - SCAN_KNOWN)
-    if unknown:
-        raise ParamError(unknown[0], f"unknown parameter; known: {', '.join(sorted(SCAN_KNOWN))}")
+def parse_scan_request(params: Mapping[str, str], max_steps: int,
+                       connected_roles: Iterable[str] = ()) -> ScanRequest:
+    _reject_unknown(params, SCAN_KNOWN)
     baseline = params.get("baseline")
-    if baseline is not None and not re.match(_SCAN_ID, baseline):
+    if baseline is not None and not SCAN.is_id(baseline):
         raise ParamError("baseline", f"must be the id of an earlier scan (see /syncs), got {baseline!r}")
     return ScanRequest(
         steps=_int(params, "steps", 1, max_steps),
         delay=_int(params, "delay", 0, max_steps, default=0),
-        processes=_processes(params.get("processes")),
+        processes=_processes(params.get("processes"), known_roles(connected_roles)),
         timeout_s=_timeout(params.get("timeout_s")),
         baseline=baseline,
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -11,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..protocol import ProcessIdentity
+from ..protocol import FromSidecar, ProcessIdentity, encode
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +32,10 @@ class ProbeConnection:
             self.step_rate = (steps - self.steps) / elapsed
         self.steps, self.last_seen = steps, now
 
-    async def send(self, msg: dict[str, Any]) -> bool:
+    async def send(self, msg: FromSidecar) -> bool:
+        """Send one typed message; False when the probe cannot be reached (the caller marks it lost)."""
         try:
-            await self.ws.send_str(json.dumps(msg))
+            await self.ws.send_str(encode(msg))
             return True
         except (ConnectionError, RuntimeError) as exc:
             log.info("probe %s unreachable: %s", self.identity.label, exc)
@@ -72,11 +72,13 @@ class ProbeRegistry:
         self._probes.pop(conn.id, None)
 
     def all(self) -> list[ProbeConnection]:
-        order = {"api_server": 0, "engine_core": 1, "worker": 2}
-        return sorted(
-            self._probes.values(),
-            key=lambda c: (order.get(c.identity.role, 9), c.identity.rank or 0, c.identity.pid),
-        )
+        """Connected processes in listing order (``ProcessIdentity.sort_key``: window processes,
+        then unranked step-driven ones, then by rank), the connection order breaking ties."""
+        return sorted(self._probes.values(), key=lambda c: (c.identity.sort_key, c.id))
+
+    def roles(self) -> list[str]:
+        """The roles of the connected processes, each once, in listing order."""
+        return list(dict.fromkeys(c.identity.role for c in self.all()))
 
     def __len__(self) -> int:
         return len(self._probes)

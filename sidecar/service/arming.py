@@ -1,0 +1,27 @@
+"""The common start step of a job: the one place where ``delay`` applies, for captures and scans.
+
+Arming has two phases. The sidecar sends ``arm`` / ``sync_arm``; every step-driven probe answers
+with its count of working steps (``steps_seen``). Every process of an engine counts the same working
+steps, so one ``begin`` with a start step ahead of all the counts makes every process record the
+*same* engine steps. The lead covers the time ``begin`` takes to reach the probes: 2 steps plus
+``BEGIN_LEAD_S`` at the fastest observed step rate. ``delay`` (working steps to skip) is added here
+and nowhere else: the probes are told only where to start.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+ARM_REPLY_S = 3.0  # how long every step-driven probe has to answer "arm" before it counts as lost
+BEGIN_LEAD_S = 0.25  # the start step lies this far ahead at the fastest observed step rate
+MIN_LEAD_STEPS = 2
+
+
+def lead_steps(fastest_rate: float) -> int:
+    return MIN_LEAD_STEPS + math.ceil(max(fastest_rate, 0.0) * BEGIN_LEAD_S)
+
+
+def start_step(steps_seen: Iterable[int], fastest_rate: float, delay: int) -> int:
+    """``max(steps_seen) + lead + delay``; ``steps_seen`` must not be empty."""
+    return max(steps_seen) + lead_steps(fastest_rate) + delay

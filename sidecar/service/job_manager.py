@@ -1,0 +1,287 @@
+"""The life cycle every job kind shares, written once: ``JobManager``.
+
+start   the board checks no job of any kind runs (``JobBusy``), the kind validates and builds the
+        job, every selected probe gets the kind's arm message
+arm     every step-driven probe answers "armed" with its working-step count, or is lost after
+        ``ARM_REPLY_S``; then one ``begin`` with the common start step (arming.py, where ``delay``
+        applies) goes to those that answered
+run     the probes' reports move each process through the kind's table (job_states.py); a report
+        that may not follow the process's state is dropped whole
+stop    a stop request (or the timeout) sends ``stop`` and gives the processes ``stop_grace_s`` to
+        report; those that do not are lost
+finish  when every process has ended the job leaves the one-job slot and the kind finishes it
+        (``_finish``: a capture exports, a scan merges), then ``_conclude`` gives the verdict, saves
+        it, tells ``on_finished`` and keeps only the newest ``keep`` finished jobs of the kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, TypeVar
+
+from ..protocol import P_ARMED, P_DONE, P_FAILED, Begin, FromSidecar, JobReport, Stop
+from . import arming
+from .job_states import ARMED, FINAL, P_LOST
+from .jobs import Job, JobKind, NoProbes, ProcessRun, verdict
+from .params import JobRequest, ParamError
+from .registry import ProbeConnection, ProbeRegistry
+
+if TYPE_CHECKING:
+    from .job_board import JobBoard
+
+log = logging.getLogger(__name__)
+
+J = TypeVar("J", bound=Job)
+
+STOP_GRACE_S = 10.0  # after a stop request, how long processes have to report before they are lost
+
+
+class JobManager(Generic[J]):
+    kind: ClassVar[JobKind]
+
+    def __init__(
+        self,
+        registry: ProbeRegistry,
+        board: "JobBoard",
+        *,
+        keep: int,
+        stop_grace_s: float = STOP_GRACE_S,
+        arm_reply_s: float = arming.ARM_REPLY_S,
+        on_finished: Callable[[J], None] | None = None,
+    ) -> None:
+        self._registry = registry
+        self._board = board
+        self._keep = keep
+        self._grace_s = stop_grace_s
+        self._arm_reply_s = arm_reply_s
+        self._on_finished = on_finished
+        self._jobs: "OrderedDict[str, J]" = OrderedDict()
+        self._active: J | None = None
+        self._tasks: set[asyncio.Task] = set()
+        board.add(self)
+
+    # -- what a kind provides ----------------------------------------------------------------------
+    def _create(self, request: Any) -> J:
+        """Validate ``request`` against the connected processes (``ParamError``, ``NoProbes``) and
+        build the job; nothing is sent yet."""
+        raise NotImplementedError
+
+    def _arm_message(self, job: J) -> FromSidecar:
+        raise NotImplementedError
+
+    def _take_result(self, job: J, rec: Any, report: JobReport) -> None:
+        """A process reported "done": keep what the kind needs of the report."""
+
+    async def _on_progress(self, job: J) -> None:
+        """Called on every change of a running job, before the check for its end."""
+
+    async def _finish(self, job: J) -> None:
+        """Every process has ended and the job has left the slot: produce its result and call
+        ``_conclude``."""
+        raise NotImplementedError
+
+    def _save(self, job: J) -> None:
+        raise NotImplementedError
+
+    def _remove(self, job: J) -> None:
+        """Delete what the job left on disk (retention)."""
+        raise NotImplementedError
+
+    # -- queries -----------------------------------------------------------------------------------
+    @property
+    def active(self) -> J | None:
+        """The job of this kind that has not yet ended in every process (None while one exports)."""
+        return self._active
+
+    def get(self, job_id: str) -> J | None:
+        return self._jobs.get(job_id)
+
+    def recent(self) -> list[J]:
+        return list(reversed(self._jobs.values()))
+
+    # -- start and stop ----------------------------------------------------------------------------
+    async def start(self, request: JobRequest) -> J:
+        self._board.ensure_free()
+        job = self._create(request)
+        # No await between the check and here: a second start cannot slip in.
+        self._jobs[job.id] = job
+        self._active = job
+        arm = self._arm_message(job)
+        for rec in job.processes:
+            if not await rec.conn.send(arm):
+                job.move(rec, P_LOST, "probe unreachable when arming")
+        self._spawn(self._watch_timeout(job))
+        self._spawn(self._begin_when_armed(job))
+        await self._progress(job)
+        return job
+
+    def _select(self, request: JobRequest, *, window_processes: bool) -> list[ProbeConnection]:
+        """The connected processes ``request`` selects; at least one must be step-driven. Window
+        processes (an API server) record the time the step-driven ones record, where the kind can."""
+        conns = self._registry.all()
+        if not conns:
+            raise NoProbes("no engine process is connected to the sidecar")
+        chosen = [c for c in conns if request.selects(c.identity.role, c.identity.rank)]
+        if not any(c.identity.step_driven for c in chosen):
+            have = ", ".join(c.identity.label for c in conns)
+            raise ParamError("processes", f"selects no engine core or worker among the connected processes ({have})")
+        return chosen if window_processes else [c for c in chosen if c.identity.step_driven]
+
+    async def stop(self, reason: str = "stopped by request") -> J | None:
+        job = self._active
+        if job is None:
+            return None
+        await self._request_stop(job, reason)
+        return job
+
+    async def _request_stop(self, job: J, reason: str) -> None:
+        if job.stop_reason is None:
+            job.stop_reason = reason
+        await self._send_stop(job, [p for p in job.processes if not p.ended], reason)
+        await self._progress(job)
+
+    async def _send_stop(self, job: J, processes: list[ProcessRun], reason: str) -> None:
+        stop = Stop(job_id=job.id, reason=reason)
+        for rec in processes:
+            if rec.conn is not None:
+                await rec.conn.send(stop)
+        self._spawn(self._give_up_after_grace(job))
+
+    # -- the second phase of arming ------------------------------------------------------------------
+    async def _begin_when_armed(self, job: J) -> None:
+        try:
+            await asyncio.wait_for(job.armed_event.wait(), self._arm_reply_s)
+        except asyncio.TimeoutError:
+            pass
+        if job is not self._active or job.stop_reason is not None:
+            return
+        replied = [p for p in job.step_driven if p.steps_seen is not None and p.state == P_ARMED]
+        for rec in job.step_driven:
+            if rec.state == P_ARMED and rec.steps_seen is None:
+                job.move(rec, P_LOST, f"did not answer 'arm' within {self._arm_reply_s:g} s")
+        if replied:
+            fastest = max(p.conn.step_rate for p in replied)
+            job.start_step = arming.start_step((p.steps_seen for p in replied), fastest, job.request.delay)
+            begin = Begin(job_id=job.id, start_step=job.start_step)
+            for rec in replied:
+                if not await rec.conn.send(begin):
+                    job.move(rec, P_LOST, "probe unreachable when beginning")
+        await self._progress(job)
+
+    # -- probe events ------------------------------------------------------------------------------
+    async def on_report(self, conn: ProbeConnection, report: JobReport) -> None:
+        job = self._jobs.get(report.job_id)
+        if job is None or job is not self._active:
+            return  # a late report: the job has ended in every process
+        rec = next((p for p in job.processes if p.conn is conn), None)
+        if rec is None or rec.ended:
+            return  # not selected, or already given up on (lost)
+        if report.state != rec.state and not job.can_move(rec, report.state):
+            log.warning("%s %s: %s reported %r while %r; report dropped",
+                        self.kind.name, job.id, rec.label, report.state, rec.state)
+            return
+        rec.steps_recorded = report.steps_recorded
+        if report.state == P_ARMED:
+            self._on_armed(job, rec, report)
+        elif report.state != rec.state:
+            self._enter(job, rec, report)
+        await self._progress(job)
+
+    def _on_armed(self, job: J, rec: ProcessRun, report: JobReport) -> None:
+        if not rec.step_driven:
+            return  # a window process starts at "arm"; it has no start step to agree on
+        rec.steps_seen = report.steps_seen or 0
+        if all(p.steps_seen is not None or p.ended for p in job.step_driven):
+            job.armed_event.set()
+
+    def _enter(self, job: J, rec: ProcessRun, report: JobReport) -> None:
+        if report.state == self.kind.running:
+            job.move(rec, report.state)
+            rec.first_step = report.first_step
+            if rec.step_driven and job.start_step is not None and rec.first_step != job.start_step:
+                job.notes.append(
+                    f"{rec.label} started at step {rec.first_step}, not {job.start_step}: "
+                    "the begin message reached it late, so its steps differ from the others'")
+            if job.state == ARMED:
+                job.advance(self.kind.running)
+        elif report.state == P_FAILED:
+            job.move(rec, P_FAILED, report.error or "failed")
+        else:
+            job.move(rec, report.state)
+            if report.state == P_DONE:
+                self._take_result(job, rec, report)
+
+    async def on_probe_lost(self, conn: ProbeConnection) -> None:
+        job = self._active
+        if job is None:
+            return
+        for rec in job.processes:
+            if rec.conn is conn and not rec.ended:
+                job.move(rec, P_LOST, f"probe disconnected during the {self.kind.name}")
+        await self._progress(job)
+
+    # -- the end -----------------------------------------------------------------------------------
+    async def _progress(self, job: J) -> None:
+        if job is not self._active:
+            return
+        await self._on_progress(job)
+        # Checked again: ``_on_progress`` may wait, and another event may have ended the job.
+        if job is self._active and job.all_ended():
+            self._active = None
+            await self._finish(job)
+
+    def _conclude(self, job: J, problems: list[str], *, has_result: bool) -> None:
+        state, job.reason = verdict(job, problems, has_result=has_result)
+        job.advance(state)
+        job.finished_at = time.time()
+        job.done_event.set()
+        self._save(job)
+        if self._on_finished is not None:
+            try:  # metrics and spans about a job must not stop its retention or its probe's channel
+                self._on_finished(job)
+            except Exception:
+                log.exception("%s %s: on_finished failed", self.kind.name, job.id)
+        self._retain()
+
+    def _retain(self) -> None:
+        finished = [j for j in self._jobs.values() if j.state in FINAL]
+        for old in finished[: max(0, len(finished) - self._keep)]:
+            del self._jobs[old.id]
+            self._remove(old)
+
+    # -- timers ------------------------------------------------------------------------------------
+    async def _give_up_after_grace(self, job: J) -> None:
+        await asyncio.sleep(self._grace_s)
+        if job is not self._active:
+            return
+        for rec in job.processes:
+            if not rec.ended:
+                job.move(rec, P_LOST, self.kind.grace_error)
+        await self._progress(job)
+
+    async def _watch_timeout(self, job: J) -> None:
+        try:
+            await asyncio.wait_for(job.done_event.wait(), job.request.timeout_s)
+        except asyncio.TimeoutError:
+            if job is self._active:
+                await self._request_stop(job, f"timeout after {job.request.timeout_s:g} s")
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        # A job's background task that raised is a sidecar bug (a TransitionError, say): say so now,
+        # not when the task is collected.
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: background task failed", self.kind.name, exc_info=task.exception())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

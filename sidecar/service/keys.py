@@ -1,0 +1,17 @@
+"""The application's state, one typed aiohttp ``AppKey`` each (set once, in ``make_app``)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from .captures import CaptureManager
+from .job_board import JobBoard
+from .registry import ProbeRegistry
+from .scans import ScanManager
+from .settings import ServiceSettings
+
+SETTINGS = web.AppKey("settings", ServiceSettings)
+REGISTRY = web.AppKey("registry", ProbeRegistry)
+JOBS = web.AppKey("jobs", JobBoard)
+CAPTURES = web.AppKey("captures", CaptureManager)
+SCANS = web.AppKey("scans", ScanManager)

@@ -1,0 +1,105 @@
+"""The probe channel (``PROBE_WS_PATH``): one websocket per engine process.
+
+The probe token is checked before the upgrade. The first frame must be the probe's ``Hello``: a probe
+of another protocol version, or any other bad hello, is refused with close code 4400 and the reason
+(logged in full, naming both versions). Every later frame is decoded and validated as a whole
+(``protocol.decode_from_probe``) before anything of it is applied; a malformed one is logged and
+dropped, and the connection goes on. Heartbeats update the process's step count and sync watch;
+job reports go to the job board, which routes them by job id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import WSMsgType, web
+
+from .. import auth
+from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, CaptureReport, Heartbeat, Hello, ProtocolError, ProtocolVersionError,
+                        SyncReport, decode_from_probe, decode_hello)
+from .job_board import JobBoard
+from .keys import JOBS, REGISTRY, SETTINGS
+from .registry import ProbeConnection
+from .responses import json_error
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0
+MAX_CLOSE_REASON = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
+MAX_MESSAGE_BYTES = 1 << 20
+
+
+def close_reason(text: str) -> bytes:
+    """``text`` as a close frame's reason: UTF-8, cut to fit, never in the middle of a character."""
+    return text.encode()[:MAX_CLOSE_REASON].decode(errors="ignore").encode()
+
+
+async def probe_ws(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    if not auth.bearer_matches(request.headers.get("Authorization"), app[SETTINGS].probe_token):
+        return json_error(401, "unauthorized", "probe token missing or wrong")
+    ws = web.WebSocketResponse(heartbeat=10, max_msg_size=MAX_MESSAGE_BYTES)
+    await ws.prepare(request)
+    hello = await _receive_hello(ws, request.remote)
+    if hello is None:
+        return ws
+    conn = app[REGISTRY].add(hello.process, ws)
+    log.info("probe connected: %s", conn.identity.label)
+    try:
+        await _serve(ws, conn, app[JOBS])
+    finally:
+        app[REGISTRY].remove(conn)
+        log.info("probe disconnected: %s", conn.identity.label)
+        await app[JOBS].on_probe_lost(conn)
+    return ws
+
+
+async def _receive_hello(ws: web.WebSocketResponse, peer: str | None) -> Hello | None:
+    try:
+        first = await ws.receive(timeout=HELLO_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        log.warning("probe at %s sent no hello within %g s", peer, HELLO_TIMEOUT_S)
+        await ws.close(code=CLOSE_REFUSED, message=close_reason("no hello"))
+        return None
+    if first.type != WSMsgType.TEXT:
+        return None
+    try:
+        return decode_hello(first.data)
+    except ProtocolVersionError as exc:
+        log.warning("probe at %s refused: %s", peer, exc)
+        reason = str(exc)
+    except ProtocolError as exc:
+        log.warning("probe at %s refused: bad hello: %s", peer, exc)
+        reason = f"bad hello: {exc}"
+    await ws.close(code=CLOSE_REFUSED, message=close_reason(reason))
+    return None
+
+
+async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, jobs: JobBoard) -> None:
+    dropped = 0
+    async for frame in ws:
+        if frame.type != WSMsgType.TEXT:
+            break
+        try:
+            msg = decode_from_probe(frame.data)
+            if isinstance(msg, Hello):
+                raise ProtocolError("a second hello on the same connection")
+        except ProtocolError as exc:
+            dropped += 1
+            # A probe that sends one bad frame likely sends many: warn once, count the rest.
+            (log.warning if dropped == 1 else log.debug)("probe %s: message dropped: %s", conn.identity.label, exc)
+            continue
+        if isinstance(msg, Heartbeat):
+            conn.observe_steps(msg.steps, time.time())
+            if msg.sync_watch is not None:
+                conn.sync_watch = msg.sync_watch
+        elif isinstance(msg, (CaptureReport, SyncReport)):
+            await jobs.on_report(conn, msg)
+    if dropped > 1:
+        log.warning("probe %s: %d malformed messages dropped on this connection", conn.identity.label, dropped)
+
+
+def add_probe_channel(app: web.Application) -> None:
+    app.router.add_get(PROBE_WS_PATH, probe_ws)

@@ -1,0 +1,257 @@
+"""The shared life cycle, driven through CaptureManager and ScanManager with typed reports and fake
+probe connections: arming in two phases, the common start step with delay, stop, grace, timeout,
+lost processes, reports out of order, one job at a time across kinds, retention."""
+
+import asyncio
+import json
+
+import pytest
+
+from sidecar.protocol import Arm, Begin, Stop, SyncArm
+from sidecar.service import captures as captures_module
+from sidecar.service.arming import lead_steps
+from sidecar.service.jobs import JobBusy, NoProbes
+from sidecar.service.merge import FinalizeResult, ProcessOutcome
+from sidecar.service.params import CaptureRequest, ParamError, ProcessSelector, ScanRequest
+
+from service_fakes import World, sent, until
+
+
+@pytest.fixture
+async def world(tmp_path):
+    w = World(tmp_path)
+    yield w
+    await w.close()
+
+
+@pytest.fixture
+def fake_merge(monkeypatch):
+    """The export without real traces: every process that reported done gets a file."""
+    calls = []
+
+    def finalize(capture_dir, records, max_bytes):
+        records = list(records)
+        calls.append(records)
+        done = [r for r in records if r.state == "done"]
+        return FinalizeResult(
+            trace_file="trace.json.gz" if done else None, trace_bytes=100 if done else 0,
+            processes={r.stem: ProcessOutcome(file=f"{r.stem}.pt.trace.json.gz", bytes=10) for r in done},
+        )
+
+    monkeypatch.setattr(captures_module.merge, "finalize_capture", finalize)
+    return calls
+
+
+async def test_capture_arms_begins_at_one_step_with_delay_and_finishes_done(world, fake_merge):
+    core, w0, api = world.connect("engine_core"), world.connect("worker", 0), world.connect("api_server")
+    w0.step_rate = 20.0
+    capture = await world.captures.start(CaptureRequest(steps=2, delay=3))
+    assert capture.state == "armed" and world.board.active is capture
+    for conn in (core, w0, api):
+        [arm] = sent(conn, Arm)
+        assert arm.spec.id == capture.id and arm.spec.steps == 2
+        assert not hasattr(arm.spec, "delay"), "delay is applied by the sidecar alone"
+
+    await world.capture_report(core, capture.id, "armed", steps_seen=40)
+    assert not sent(core, Begin), "begin waits for every step-driven process"
+    await world.capture_report(w0, capture.id, "armed", steps_seen=41)
+    await until(lambda: sent(w0, Begin))
+    start = 41 + lead_steps(20.0) + 3
+    assert capture.start_step == start
+    assert [b.start_step for c in (core, w0) for b in sent(c, Begin)] == [start, start]
+    assert not sent(api, Begin), "the API server records a window from arm on"
+
+    await world.capture_report(api, capture.id, "capturing")
+    assert capture.state == "capturing"
+    for conn in (core, w0):
+        await world.capture_report(conn, capture.id, "capturing", first_step=start)
+        await world.capture_report(conn, capture.id, "exporting", steps_recorded=2, first_step=start)
+    assert not sent(api, Stop)
+    await world.capture_report(core, capture.id, "done", steps_recorded=2, file=str(capture.raw_dir / "c.json"), bytes=9)
+    await world.capture_report(w0, capture.id, "done", steps_recorded=2, file=str(capture.raw_dir / "w.json"), bytes=9)
+    [stop] = sent(api, Stop)
+    assert stop.job_id == capture.id and stop.reason == "steps recorded"
+    assert world.captures.active is capture
+    await world.capture_report(api, capture.id, "exporting")
+    await world.capture_report(api, capture.id, "done", file=str(capture.raw_dir / "a.json"), bytes=9)
+    assert world.captures.active is None and world.board.active is None
+    await capture.done_event.wait()
+    assert capture.state == "done" and capture.reason is None and capture.notes == []
+    assert capture.trace_file == "trace.json.gz" and capture.files()[-1] == "trace.json.gz"
+    assert world.finished == [capture]
+    assert json.loads((capture.dir / "capture.json").read_text()) == {"id": capture.id, "state": "done"}
+    assert [r.role for r in fake_merge[0]] == ["api_server", "engine_core", "worker"]
+
+
+async def test_a_scan_uses_the_same_two_phase_arming(world):
+    w0, w1 = world.connect("worker", 0), world.connect("worker", 1)
+    world.connect("api_server")
+    scan = await world.scans.start(ScanRequest(steps=2, delay=5))
+    assert [p.role for p in scan.processes] == ["worker", "worker"], "the API server takes no steps"
+    assert sent(w0, SyncArm)[0].spec.steps == 2
+    await world.sync_report(w0, scan.id, "armed", steps_seen=7)
+    await world.sync_report(w1, scan.id, "armed", steps_seen=9)
+    await until(lambda: sent(w1, Begin))
+    assert sent(w0, Begin)[0].start_step == 9 + lead_steps(0.0) + 5
+    site = {"file": "/m.py", "path": "m.py", "line": 3, "function": "f", "op": "item", "phase": "forward",
+            "count": 2, "count_per_step": 1.0, "blocked_us": 1.0, "first_step": 0, "last_step": 1,
+            "classification": "hidden", "reason": ""}
+    for conn in (w0, w1):
+        await world.sync_report(conn, scan.id, "scanning", first_step=scan.start_step)
+        assert scan.state == "scanning"
+        await world.sync_report(conn, scan.id, "done", steps_recorded=2, treat_cpu_as_device=True, sites=[site])
+    assert scan.state == "done" and scan.reason is None
+    [merged] = scan.sites
+    assert merged["count"] == 4 and merged["processes"] == [p.label for p in scan.processes]
+    saved = json.loads((world.trace_dir / "scans" / f"{scan.id}.json").read_text())
+    assert saved == json.loads(json.dumps(scan.to_json())) and saved["hidden"] == 1
+
+
+async def test_one_job_at_a_time_across_kinds(world, fake_merge):
+    world.connect("worker", 0)
+    scan = await world.scans.start(ScanRequest(steps=1))
+    with pytest.raises(JobBusy) as busy:
+        await world.captures.start(CaptureRequest(steps=1))
+    assert busy.value.active is scan
+    with pytest.raises(JobBusy):
+        await world.scans.start(ScanRequest(steps=1))
+    await world.scans.stop()
+    await until(lambda: world.board.active is None)
+    assert scan.state == "failed" and scan.reason.startswith("stopped by request")
+    capture = await world.captures.start(CaptureRequest(steps=1))
+    with pytest.raises(JobBusy) as busy:
+        await world.scans.start(ScanRequest(steps=1))
+    assert busy.value.active is capture
+
+
+async def test_no_probes_and_a_filter_that_selects_no_step_driven_process(world):
+    with pytest.raises(NoProbes):
+        await world.captures.start(CaptureRequest(steps=1))
+    world.connect("api_server")
+    world.connect("worker", 0)
+    with pytest.raises(ParamError) as info:
+        await world.captures.start(CaptureRequest(steps=1, processes=(ProcessSelector("api_server"),)))
+    assert info.value.param == "processes"
+    with pytest.raises(ParamError) as info:
+        await world.captures.start(CaptureRequest(steps=1, activities=("cuda",)))
+    assert info.value.param == "activities"
+    assert world.board.active is None
+
+
+async def test_a_probe_that_does_not_answer_arm_is_lost_and_the_others_begin(world, fake_merge):
+    quiet, w1 = world.connect("worker", 0), world.connect("worker", 1)
+    capture = await world.captures.start(CaptureRequest(steps=1))
+    await world.capture_report(w1, capture.id, "armed", steps_seen=5)
+    await until(lambda: sent(w1, Begin))
+    assert not sent(quiet, Begin)
+    assert capture.processes[0].state == "lost"
+    assert capture.processes[0].error == "did not answer 'arm' within 0.3 s"
+
+
+async def test_a_late_start_is_noted(world, fake_merge):
+    w0 = world.connect("worker", 0)
+    capture = await world.captures.start(CaptureRequest(steps=1))
+    await world.capture_report(w0, capture.id, "armed", steps_seen=5)
+    await until(lambda: capture.start_step is not None)
+    await world.capture_report(w0, capture.id, "capturing", first_step=capture.start_step + 2)
+    assert capture.notes and "started at step" in capture.notes[0]
+
+
+async def test_reports_out_of_order_or_of_the_other_kind_are_dropped_whole(world, fake_merge):
+    w0 = world.connect("worker", 0)
+    capture = await world.captures.start(CaptureRequest(steps=3))
+    await world.capture_report(w0, capture.id, "armed", steps_seen=1)
+    await world.capture_report(w0, capture.id, "exporting", steps_recorded=3)  # skips capturing
+    rec = capture.processes[0]
+    assert rec.state == "armed" and rec.steps_recorded == 0, "nothing of a refused report is applied"
+    await world.sync_report(w0, capture.id, "scanning", steps_recorded=2)  # a scan's report, a capture's id
+    assert rec.state == "armed" and rec.steps_recorded == 0
+    await world.capture_report(w0, capture.id, "capturing", steps_recorded=0, first_step=1)
+    await world.capture_report(w0, capture.id, "armed", steps_seen=9)
+    assert rec.state == "capturing" and rec.steps_seen == 1
+
+
+async def test_stop_sends_stop_and_a_silent_process_is_lost_after_the_grace(world, fake_merge):
+    w0, w1 = world.connect("worker", 0), world.connect("worker", 1)
+    capture = await world.captures.start(CaptureRequest(steps=5))
+    for conn in (w0, w1):
+        await world.capture_report(conn, capture.id, "armed", steps_seen=1)
+        await world.capture_report(conn, capture.id, "capturing", first_step=1)
+    assert await world.captures.stop("stopped by request") is capture
+    assert [s.reason for c in (w0, w1) for s in sent(c, Stop)] == ["stopped by request"] * 2
+    await world.capture_report(w0, capture.id, "exporting", steps_recorded=2)
+    await world.capture_report(w0, capture.id, "done", steps_recorded=2, file="x", bytes=1)
+    await capture.done_event.wait()
+    assert capture.state == "partial"
+    assert capture.processes[1].state == "lost" and "grace period" in capture.processes[1].error
+    assert capture.reason.startswith("stopped by request; ")
+    assert "recorded 2 of 5 steps" in capture.reason
+    assert await world.captures.stop() is None
+
+
+async def test_an_event_while_the_window_stop_is_sent_does_not_finish_the_job_twice(world, fake_merge):
+    w0, api = world.connect("worker", 0), world.connect("api_server")
+    capture = await world.captures.start(CaptureRequest(steps=1))
+    await world.capture_report(w0, capture.id, "armed", steps_seen=1)
+    await until(lambda: sent(w0, Begin))
+    for state in ("capturing", "exporting"):
+        await world.capture_report(w0, capture.id, state, steps_recorded=1)
+    api.ws.send_delay_s = 0.05
+    finishing = asyncio.ensure_future(world.capture_report(w0, capture.id, "done", steps_recorded=1, file="f", bytes=1))
+    await asyncio.sleep(0.01)  # the window's stop is on its way
+    await world.board.on_probe_lost(api)
+    await finishing  # would raise TransitionError (exporting -> exporting) if the end were checked only once
+    await capture.done_event.wait()
+    assert capture.state == "partial" and len(fake_merge) == 1
+
+
+async def test_timeout_stops_the_job(world):
+    w0 = world.connect("worker", 0)
+    scan = await world.scans.start(ScanRequest(steps=5, timeout_s=0.2))
+    await world.sync_report(w0, scan.id, "armed", steps_seen=1)
+    await until(lambda: sent(w0, Stop), timeout=3)
+    assert sent(w0, Stop)[0].reason == "timeout after 0.2 s"
+    await world.sync_report(w0, scan.id, "failed", error="no step scanned before the scan ended (timeout after 0.2 s)")
+    assert scan.state == "failed" and scan.reason.startswith("timeout after 0.2 s; ")
+
+
+async def test_a_disconnected_or_unreachable_probe_is_lost(world):
+    w0, w1 = world.connect("worker", 0), world.connect("worker", 1)
+    w1.ws.reachable = False
+    scan = await world.scans.start(ScanRequest(steps=1))
+    assert scan.processes[1].error == "probe unreachable when arming"
+    await world.sync_report(w0, scan.id, "armed", steps_seen=1)
+    await world.board.on_probe_lost(w0)
+    assert scan.processes[0].state == "lost" and scan.processes[0].error == "probe disconnected during the scan"
+    assert scan.state == "failed" and world.board.active is None
+
+
+async def test_retention_keeps_the_newest_finished_jobs_of_each_kind(tmp_path):
+    world = World(tmp_path, keep=1)
+    try:
+        w0 = world.connect("worker", 0)
+        ids = []
+        for _ in range(2):
+            scan = await world.scans.start(ScanRequest(steps=1))
+            await world.sync_report(w0, scan.id, "failed", error="boom")
+            assert scan.state == "failed"
+            ids.append(scan.id)
+        assert [s.id for s in world.scans.recent()] == [ids[1]]
+        assert not (world.trace_dir / "scans" / f"{ids[0]}.json").exists()
+        assert (world.trace_dir / "scans" / f"{ids[1]}.json").exists()
+    finally:
+        await world.close()
+    # A saved scan outlives the sidecar as a baseline; one removed by retention does not.
+    restarted = World(tmp_path, keep=1)
+    try:
+        w0 = restarted.connect("worker", 0)
+        with pytest.raises(ParamError) as info:
+            await restarted.scans.start(ScanRequest(steps=1, baseline=ids[0]))
+        assert info.value.param == "baseline"
+        scan = await restarted.scans.start(ScanRequest(steps=1, baseline=ids[1]))
+        await restarted.sync_report(w0, scan.id, "armed", steps_seen=1)
+        await restarted.sync_report(w0, scan.id, "scanning")
+        await restarted.sync_report(w0, scan.id, "done", steps_recorded=1, sites=[])
+        assert scan.state == "done" and scan.new_sites == []
+    finally:
+        await restarted.close()
