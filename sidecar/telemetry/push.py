@@ -1,5 +1,8 @@
 """Engine processes push their metrics to the sidecar (OTLP/HTTP, protobuf) for its one /metrics.
 
+The URL is the sidecar's endpoint plus ``sidecar.protocol.METRICS_PUSH_PATH``
+(``TelemetrySettings.sidecar_metrics_url``), where ``sidecar.service.metrics_receiver`` listens.
+
 A MetricExporter with a short timeout and no retries: the next push carries the same cumulative
 values, so a lost one costs nothing. It runs on the metric reader's thread, never on the engine's
 step path. The token is read on every push, so a sidecar started after the engine is picked up.
