@@ -1,15 +1,24 @@
 """Merging per-process Kineto traces into one timeline."""
 
 import gzip
+import importlib.util
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from sidecar.service.merge import DEVICE_PID_BASE, finalize_capture
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces"
 
 
 @dataclass
 class Rec:
+    """A capture's process record, as far as the merge reads it."""
+
     role: str
     pid: int
     rank: int | None
@@ -17,6 +26,11 @@ class Rec:
     stem: str
     state: str = "done"
     raw_file: str | None = None
+    step_driven: bool = True
+
+    @property
+    def sort_key(self) -> tuple:  # as sidecar.protocol.ProcessIdentity.sort_key
+        return (self.step_driven, self.rank is not None, self.rank or 0, self.role, self.pid)
 
 
 def kineto(pid, base_ns, device_pid=None, flow_id=7):
@@ -99,3 +113,84 @@ def test_files_outside_the_capture_or_corrupt_are_refused(tmp_path):
     assert "outside" in result.processes["worker-rank0-pid1"].error
     assert "unreadable" in result.processes["engine_core-pid2"].error
     assert result.trace_file is None and outside.exists()
+
+
+def _bench_merge():
+    """benchmarks/bench_merge.py, which keeps the merge as it was before it streamed (json.load)."""
+    if "bench_merge" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_merge", REPO / "benchmarks" / "bench_merge.py")
+        module = sys.modules["bench_merge"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["bench_merge"]
+
+
+def _raw_copy(capture_dir: Path, rec: Rec, name: str, base_ns: int | None) -> Rec:
+    """A recorded trace as a probe writes it: plain JSON in raw/, with ``baseTimeNanoseconds`` after
+    ``traceEvents`` where Kineto puts it."""
+    path = TRACES / name
+    if not path.is_file():
+        pytest.skip(f"recorded trace {path} not found (the shared/ folder beside the repository)")
+    text = gzip.decompress(path.read_bytes()).rstrip()
+    if base_ns is not None:
+        assert text.endswith(b"}")
+        text = text[:-1] + b', "baseTimeNanoseconds": %d}' % base_ns
+    raw = capture_dir / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    (raw / f"{rec.stem}.json").write_bytes(text)
+    rec.raw_file = str(raw / f"{rec.stem}.json")
+    return rec
+
+
+def test_streaming_merge_gives_the_same_trace_as_loading_each_file_whole(tmp_path):
+    """Real traces (GPU tracks, flows, string track pids, ROCm) as four processes of one capture with
+    different clocks: byte for byte the merged trace the json.load merge wrote."""
+    bench = _bench_merge()
+
+    def capture(root: Path) -> list[Rec]:
+        """The four processes, listed out of order (the merge orders them)."""
+        return [
+            _raw_copy(root, Rec("worker", 102, 1, "worker rank 1 (pid 102)", "worker-rank1-pid102"),
+                      "mi250-rocm-toy.json.gz", 5_000_002_500),
+            _raw_copy(root, Rec("api_server", 99, None, "API server (pid 99)", "api_server-pid99", step_driven=False),
+                      "a100-cuda-event-sync.json.gz", None),
+            _raw_copy(root, Rec("worker", 101, 0, "worker rank 0 (pid 101)", "worker-rank0-pid101"),
+                      "a100-nccl-multistream.json.gz", 5_000_000_000),
+            _raw_copy(root, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"),
+                      "cpu-only-tiny.json.gz", 4_999_999_000),
+        ]
+
+    ours, theirs = tmp_path / "streaming", tmp_path / "json.load"
+    new = finalize_capture(ours, capture(ours), max_bytes=1 << 30)
+    old = bench.reference_finalize(theirs, capture(theirs), 1 << 30, analyse=False)
+    assert new.trace_file == old.trace_file == "trace.json.gz" and not new.problems
+    assert {k: v.file for k, v in new.processes.items()} == {k: v.file for k, v in old.processes.items()}
+    merged = gzip.decompress((ours / "trace.json.gz").read_bytes())
+    assert merged == gzip.decompress((theirs / "trace.json.gz").read_bytes())
+    trace = json.loads(merged)
+    assert [p["pid"] for p in trace["inference_sidecar"]["processes"]] == [99, 100, 101, 102]
+    assert trace["baseTimeNanoseconds"] == 0  # the API server's trace has no base: 0, as before
+    assert new.summary_file == "summary.json" and not (ours / "raw").exists()
+
+
+def test_a_trace_that_is_an_event_list_or_has_no_events_is_refused(tmp_path):
+    cap = tmp_path / "cap"
+    (cap / "raw").mkdir(parents=True)
+    listed = Rec("worker", 1, 0, "w", "worker-rank0-pid1", raw_file=str(cap / "raw" / "w.json"))
+    Path(listed.raw_file).write_text(json.dumps(kineto(1, 1)["traceEvents"]))
+    empty = Rec("engine_core", 2, None, "e", "engine_core-pid2", raw_file=str(cap / "raw" / "e.json"))
+    Path(empty.raw_file).write_text('{"schemaVersion": 1}')
+    result = finalize_capture(cap, [listed, empty], max_bytes=1 << 30)
+    assert "not a Kineto trace" in result.processes["worker-rank0-pid1"].error
+    assert "traceEvents" in result.processes["engine_core-pid2"].error
+    assert result.trace_file is None and not (cap / "raw").exists()
+
+
+def test_bench_merge_runs(tmp_path):
+    """benchmarks/bench_merge.py on a small trace: both merges run and agree (figures not asserted)."""
+    path = TRACES / "a100-cuda-event-sync.json.gz"
+    if not path.is_file():
+        pytest.skip(f"recorded trace {path} not found")
+    out = tmp_path / "merge.json"
+    assert _bench_merge().main(["--trace", str(path), "--repeats", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["identical"] and set(result["results"]["merge"]) == {"json.load", "streaming"}

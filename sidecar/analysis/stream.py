@@ -12,6 +12,10 @@ as one JSON array. A candidate inside a string or a nested object cannot decode 
 so a slice that decodes is a true run of whole events; when one does not, the error position picks
 an earlier candidate, and with none left a slow exact path decodes a single event with the standard
 library, whose error then names the real problem and its byte offset.
+
+The analyser decodes events into its typed structs (``RawEvent``). The sidecar's merge reads the
+same way with ``event_type=Any`` (every key of every event, as ``json.load`` gives them, one run at
+a time) and ``msgspec.Raw`` (each event's JSON text, checked but not built: a fast validating pass).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import gzip
 import json
 import re
 import zlib
-from typing import Any, BinaryIO, Iterator, Optional
+from typing import Any, BinaryIO, Iterator, NamedTuple, Optional
 
 import msgspec
 
@@ -38,8 +42,8 @@ try:  # ISA-L's gunzip: same API and errors as gzip, about twice as fast (measur
     from isal.isal_zlib import error as _GzipError
 except ImportError:  # optional: the standard library does the same job
     _gzip, _GzipError = gzip, zlib.error  # type: ignore[misc]
-# Top-level members worth keeping; others (deviceProperties, ...) are decoded and dropped.
-_KEPT_MEMBERS = frozenset({"distributedInfo", "displayTimeUnit", "schemaVersion", "traceName", "baseTimeNanoseconds"})
+# Top-level members the analyser keeps; others (deviceProperties, ...) are decoded and dropped.
+KEPT_MEMBERS = frozenset({"distributedInfo", "displayTimeUnit", "schemaVersion", "traceName", "baseTimeNanoseconds"})
 
 
 class TopLevel(msgspec.Struct):
@@ -48,6 +52,24 @@ class TopLevel(msgspec.Struct):
     members: dict[str, Any] = msgspec.field(default_factory=dict)
     saw_events: bool = False
     skipped_events: int = 0  # entries of traceEvents whose fields had unusable types
+    array_format: bool = False  # the file is the event list (JSON Array Format), not an object
+
+
+class _Shape(NamedTuple):
+    """How entries of traceEvents are decoded: the run decoder, and whether they are the typed
+    ``RawEvent`` structs (an entry that is not an object is then an error) or ``Any`` / ``msgspec.Raw``."""
+
+    decoder: msgspec.json.Decoder
+    typed: bool
+    raw: bool
+
+
+def _shape(event_type: Any) -> _Shape:
+    if event_type is RawEvent:
+        return _Shape(msgspec.json.Decoder(list[RawEvent], strict=False), True, False)
+    if event_type is Any or event_type is msgspec.Raw:
+        return _Shape(msgspec.json.Decoder(list[event_type]), False, event_type is msgspec.Raw)
+    raise ValueError(f"event_type must be RawEvent, Any or msgspec.Raw, not {event_type!r}")
 
 
 def _open(path: str) -> BinaryIO:
@@ -144,8 +166,12 @@ class _Buffer:
             return value, self.pos + len(text[:end].encode("utf-8", "surrogateescape"))
 
 
-def read_events(path: str, top: TopLevel) -> Iterator[list[RawEvent]]:
-    """Yield batches of events from ``path``; fills ``top`` along the way. Raises TraceFormatError."""
+def read_events(path: str, top: TopLevel, event_type: Any = RawEvent,
+                keep: frozenset[str] = KEPT_MEMBERS) -> Iterator[list]:
+    """Yield batches of events from ``path``; fills ``top`` along the way, keeping the top-level
+    members named in ``keep``. ``event_type``: ``RawEvent`` (the analyser's structs), ``Any``
+    (plain values) or ``msgspec.Raw`` (JSON text). Raises TraceFormatError."""
+    shape = _shape(event_type)
     with _open(path) as f:
         buf = _Buffer(path, f)
         first = buf.peek()
@@ -153,11 +179,11 @@ def read_events(path: str, top: TopLevel) -> Iterator[list[RawEvent]]:
             raise TraceFormatError(path, "empty file")
         if first == ord("["):  # the JSON Array Format: the file is the event list
             buf.pos += 1
-            top.saw_events = True
-            yield from _event_array(buf, top)
+            top.saw_events = top.array_format = True
+            yield from _event_array(buf, top, shape)
         elif first == ord("{"):
             buf.pos += 1
-            yield from _object_members(buf, top)
+            yield from _object_members(buf, top, shape, keep)
         else:
             raise buf.error(f"not JSON trace data: it starts with {bytes(buf.buf[buf.pos:buf.pos + 16])!r}")
         if buf.peek() is not None:
@@ -166,7 +192,7 @@ def read_events(path: str, top: TopLevel) -> Iterator[list[RawEvent]]:
         raise TraceFormatError(path, "no traceEvents array: not a Chrome/Kineto trace")
 
 
-def _object_members(buf: _Buffer, top: TopLevel) -> Iterator[list[RawEvent]]:
+def _object_members(buf: _Buffer, top: TopLevel, shape: _Shape, keep: frozenset[str]) -> Iterator[list]:
     if buf.peek() == ord("}"):
         buf.pos += 1
         return
@@ -176,10 +202,10 @@ def _object_members(buf: _Buffer, top: TopLevel) -> Iterator[list[RawEvent]]:
         if key == "traceEvents":
             buf.expect(b"[", "the traceEvents array")
             top.saw_events = True
-            yield from _event_array(buf, top)
+            yield from _event_array(buf, top, shape)
         else:
             value, buf.pos = buf.value_end(f"the top-level member {key!r}")
-            if key in _KEPT_MEMBERS:
+            if key in keep:
                 top.members[key] = value
         nxt = buf.peek()
         buf.pos += 1
@@ -203,20 +229,19 @@ def _read_key(buf: _Buffer) -> str:
         return json.loads(m.group())
 
 
-def _event_array(buf: _Buffer, top: TopLevel) -> Iterator[list[RawEvent]]:
+def _event_array(buf: _Buffer, top: TopLevel, shape: _Shape) -> Iterator[list]:
     """Yield the events of an array whose '[' was consumed, up to and including its ']'."""
-    decoder = msgspec.json.Decoder(list[RawEvent], strict=False)
     if buf.peek() == ord("]"):
         buf.pos += 1
         return
     while True:
         if len(buf.buf) - buf.pos < SLICE_BYTES:
             buf.more()
-        batch = _fast_slice(buf, decoder, top)
+        batch = _fast_slice(buf, shape, top)
         if batch is not None:
             yield batch
             continue
-        event = _one_event(buf, top)
+        event = _one_event(buf, top, shape)
         if event is not None:
             yield [event]
         nxt = buf.peek()
@@ -229,7 +254,7 @@ def _event_array(buf: _Buffer, top: TopLevel) -> Iterator[list[RawEvent]]:
             raise buf.unexpected("',' or ']' between events")
 
 
-def _fast_slice(buf: _Buffer, decoder: msgspec.json.Decoder, top: TopLevel) -> Optional[list[RawEvent]]:
+def _fast_slice(buf: _Buffer, shape: _Shape, top: TopLevel) -> Optional[list]:
     """Decode the longest run of whole events that ends at a boundary candidate; None when no
     candidate decodes (the slow path then takes a single event)."""
     data, start = buf.buf, buf.pos
@@ -239,9 +264,11 @@ def _fast_slice(buf: _Buffer, decoder: msgspec.json.Decoder, top: TopLevel) -> O
         if cut is None:
             return None
         try:
-            batch = _decode_run(data, start, cut, decoder)
+            batch = _decode_run(data, start, cut, shape)
         except msgspec.ValidationError:
-            batch = _lenient(b"[" + data[start:cut] + b"]", top)
+            # Typed: a field of an odd type. Untyped: a number msgspec cannot hold (an integer
+            # beyond 64 bits, 1e400), which the exact path reads as the standard library does.
+            batch = _lenient(b"[" + data[start:cut] + b"]", top) if shape.typed else None
         except msgspec.DecodeError as exc:
             m = _ERROR_BYTE.search(str(exc))
             # The error lies at or after this position, so only an earlier candidate can work.
@@ -254,13 +281,15 @@ def _fast_slice(buf: _Buffer, decoder: msgspec.json.Decoder, top: TopLevel) -> O
         return batch
 
 
-def _decode_run(data: bytearray, start: int, cut: int, decoder: msgspec.json.Decoder) -> list[RawEvent]:
+def _decode_run(data: bytearray, start: int, cut: int, shape: _Shape) -> list:
     """Decode data[start:cut] as a JSON array without copying it: the byte before it (the ',' or
     '[' before the run) and the byte after it (space or the ',' of the boundary) become '[' and ']'
     for the decode and are put back after. Copying each 1 MiB run into a new bytes object cost
     about 15 ms on the largest shared trace. Error positions count from that '[', as they would
-    in a copy with a '[' prepended."""
-    if start == 0:  # no byte before the run (never once the array's '[' is read): copy instead
+    in a copy with a '[' prepended. ``msgspec.Raw`` values point into the text they were decoded
+    from, so that shape decodes a copy: the buffer must stay free to be resized."""
+    decoder = shape.decoder
+    if start == 0 or shape.raw:  # no byte before the run (never once the array's '[' is read): copy
         return decoder.decode(b"[" + data[start:cut] + b"]")
     before, after = data[start - 1], data[cut]
     data[start - 1], data[cut] = 0x5B, 0x5D  # '[' and ']'
@@ -311,12 +340,15 @@ def _convert(item: dict, top: TopLevel) -> Optional[RawEvent]:
         return None
 
 
-def _one_event(buf: _Buffer, top: TopLevel) -> Optional[RawEvent]:
+def _one_event(buf: _Buffer, top: TopLevel, shape: _Shape) -> Any:
     """The exact path: one event with the standard library, which also reports real errors."""
     if buf.peek() is None:
         raise buf.error("truncated: the file ends inside traceEvents")
     start = buf.pos
     value, end = buf.value_end("an event of traceEvents")
+    if not shape.typed:
+        buf.pos = end
+        return msgspec.Raw(bytes(buf.buf[start:end])) if shape.raw else value
     if not isinstance(value, dict):
         raise buf.error("traceEvents holds an entry that is not an object: not a Chrome/Kineto trace", start)
     buf.pos = end

@@ -9,6 +9,12 @@ which every process has a clear name and all of them share one timeline:
 - device tracks (GPU kernels) use the device index as ``pid``, which would collide between ranks:
   they get a pid of their own, named after the owning process.
 - flow ids (CPU launch → GPU kernel arrows) are made unique per process.
+
+Memory does not grow with the trace: each raw file is streamed twice with the analyser's reader
+(``sidecar.analysis.stream``), never loaded whole. The first pass checks the JSON without building
+the events (``msgspec.Raw``) and finds the members the merged header needs (Kineto writes
+``baseTimeNanoseconds`` after ``traceEvents``); the second decodes the events one run of about
+1 MiB at a time, rewrites them and writes them out.
 """
 
 from __future__ import annotations
@@ -21,15 +27,26 @@ import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
+
+import msgspec
+
+from ..analysis.errors import TraceFormatError
+from ..analysis.stream import TopLevel, read_events
+from ..protocol import P_DONE
 
 log = logging.getLogger(__name__)
 
+RAW_DIR = "raw"  # <capture dir>/raw/: where the probes write their plain JSON traces
 MERGED_NAME = "trace.json.gz"
 SUMMARY_NAME = "summary.json"
+PROCESS_TRACE_SUFFIX = ".pt.trace.json.gz"  # the suffix TensorBoard's profiler plugin looks for
 DEVICE_PID_BASE = 1 << 24  # above Linux's largest pid (2**22)
 FLOW_ID_STRIDE = 1 << 40
-ROLE_ORDER = {"api_server": 0, "engine_core": 1, "worker": 2}
+# Top-level members of a raw trace that the merged header takes.
+_HEADER_MEMBERS = frozenset({"baseTimeNanoseconds", "deviceProperties"})
+# Process metadata of a raw trace, dropped: the merge writes its own.
+_REWRITTEN_METADATA = ("process_name", "process_sort_index", "process_labels")
 
 
 @dataclass
@@ -49,6 +66,19 @@ class FinalizeResult:
     headline: str | None = None
 
 
+@dataclass
+class RawTrace:
+    """One process's raw trace, checked, with the top-level members the merged header needs."""
+
+    rec: Any  # the capture's process record: label, role, pid, rank, step_driven, sort_key
+    path: Path
+    members: dict[str, Any]
+
+    @property
+    def base_ns(self) -> int:
+        return int(self.members.get("baseTimeNanoseconds") or 0)
+
+
 def lower_priority() -> None:
     """Executor thread initializer: compression and merging yield the CPU to the engine."""
     try:
@@ -57,19 +87,27 @@ def lower_priority() -> None:
         pass
 
 
-def _sort_key(rec) -> tuple:
-    return (ROLE_ORDER.get(rec.role, 9), rec.rank or 0, rec.pid)
+def check_trace(rec: Any, path: Path) -> RawTrace:
+    """The first pass over a raw trace: the whole JSON is checked and the header's members kept.
+    Raises ValueError (``TraceFormatError``) for a file that is not a Kineto trace."""
+    top = TopLevel()
+    for _batch in read_events(str(path), top, msgspec.Raw, keep=_HEADER_MEMBERS):
+        pass
+    if top.array_format:
+        raise TraceFormatError(str(path), "not a Kineto trace (no traceEvents list)")
+    return RawTrace(rec, path, top.members)
 
 
 def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) -> FinalizeResult:
     """Compress, merge and analyse the raw traces of the finished processes in ``records``."""
     result = FinalizeResult()
-    raw_dir = (capture_dir / "raw").resolve()
+    raw_dir = (capture_dir / RAW_DIR).resolve()
     kept = []
     total = 0
-    # Workers first: if the size limit bites, the GPU-side story is what matters most.
-    for rec in sorted(records, key=lambda r: (0 if r.role == "worker" else 1, *_sort_key(r))):
-        if rec.state != "done" or not rec.raw_file:
+    # Ranked processes (the GPU workers) first: if the size limit bites, the GPU-side story is what
+    # matters most.
+    for rec in sorted(records, key=lambda r: (r.rank is None, r.sort_key)):
+        if rec.state != P_DONE or not rec.raw_file:
             continue
         raw = Path(rec.raw_file).resolve()
         if raw.parent != raw_dir or not raw.is_file():
@@ -84,51 +122,55 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
         total += size
         kept.append((rec, raw))
 
-    kept.sort(key=lambda item: _sort_key(item[0]))
-    traces = []
-    for rec, raw in kept:
-        try:
-            with raw.open("rb") as fh:
-                data = json.load(fh)
-            if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-                raise ValueError("not a Kineto trace (no traceEvents list)")
-        except (OSError, ValueError) as exc:
-            result.processes[rec.stem] = ProcessOutcome(error=f"unreadable trace: {exc}")
-            continue
-        gz_name = rec.stem + ".pt.trace.json.gz"  # the suffix TensorBoard's profiler plugin looks for
-        with raw.open("rb") as src, gzip.open(capture_dir / gz_name, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        result.processes[rec.stem] = ProcessOutcome(file=gz_name, bytes=(capture_dir / gz_name).stat().st_size)
-        traces.append((rec, data))
-    shutil.rmtree(raw_dir, ignore_errors=True)
-
-    if traces:
-        merged = capture_dir / MERGED_NAME
-        write_merged(merged, traces)
-        result.trace_file, result.trace_bytes = MERGED_NAME, merged.stat().st_size
-        result.summary_file, result.headline = _analyse(capture_dir, merged)
+    kept.sort(key=lambda item: item[0].sort_key)
+    traces: list[RawTrace] = []
+    try:
+        for rec, raw in kept:
+            try:
+                trace = check_trace(rec, raw)
+            except TraceFormatError as exc:
+                result.processes[rec.stem] = ProcessOutcome(error=f"unreadable trace: {exc.problem}")
+                continue
+            except (OSError, ValueError) as exc:
+                result.processes[rec.stem] = ProcessOutcome(error=f"unreadable trace: {exc}")
+                continue
+            gz_name = rec.stem + PROCESS_TRACE_SUFFIX
+            with raw.open("rb") as src, gzip.open(capture_dir / gz_name, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            result.processes[rec.stem] = ProcessOutcome(file=gz_name, bytes=(capture_dir / gz_name).stat().st_size)
+            traces.append(trace)
+        if traces:
+            merged = capture_dir / MERGED_NAME
+            write_merged(merged, traces)
+            result.trace_file, result.trace_bytes = MERGED_NAME, merged.stat().st_size
+    finally:
+        shutil.rmtree(raw_dir, ignore_errors=True)
+    if result.trace_file:
+        result.summary_file, result.headline = _analyse(capture_dir, capture_dir / MERGED_NAME)
     return result
 
 
-def write_merged(path: Path, traces: list[tuple[Any, dict]]) -> None:
-    bases = [int(d.get("baseTimeNanoseconds") or 0) for _, d in traces]
-    ref = min(bases)
+def write_merged(path: Path, traces: list[RawTrace]) -> None:
+    """Merge checked raw traces (in merged-trace order) into one gzip trace at ``path``."""
+    ref = min(t.base_ns for t in traces)
     tmp = path.with_suffix(".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as out:
-        devices = next((d.get("deviceProperties") for _, d in traces if d.get("deviceProperties")), [])
+        devices = next((t.members.get("deviceProperties") for t in traces if t.members.get("deviceProperties")), [])
         header = {
             "schemaVersion": 1,
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": ref,
             "deviceProperties": devices,
             "inference_sidecar": {
-                "processes": [{"label": rec.label, "role": rec.role, "pid": rec.pid, "rank": rec.rank} for rec, _ in traces]
+                "processes": [{"label": t.rec.label, "role": t.rec.role, "pid": t.rec.pid, "rank": t.rec.rank}
+                              for t in traces]
             },
         }
         out.write(json.dumps(header)[:-1] + ', "traceEvents": [\n')
         first = True
-        for index, ((rec, data), base) in enumerate(zip(traces, bases)):
-            for event in _process_events(index, rec, data["traceEvents"], (base - ref) / 1000.0):
+        for index, trace in enumerate(traces):
+            batches = read_events(str(trace.path), TopLevel(), Any, keep=frozenset())
+            for event in _process_events(index, trace.rec, batches, (trace.base_ns - ref) / 1000.0):
                 if not first:
                     out.write(",\n")
                 out.write(json.dumps(event, separators=(",", ":")))
@@ -137,7 +179,14 @@ def write_merged(path: Path, traces: list[tuple[Any, dict]]) -> None:
     os.replace(tmp, path)
 
 
-def _process_events(index: int, rec: Any, events: list, shift_us: float):
+def sort_index(rec: Any) -> int:
+    """``process_sort_index`` of a process's own track (its device tracks take the next ones), in
+    ``sort_key``'s order: window processes, then unranked step-driven ones, then ranked ones by rank."""
+    group = 0 if not rec.step_driven else 2 if rec.rank is not None else 1
+    return (group * 1000 + (rec.rank or 0)) * 10
+
+
+def _process_events(index: int, rec: Any, batches: Iterable[list], shift_us: float) -> Iterator[dict]:
     device_pids: dict[Any, int] = {}
 
     def pid_for(pid: Any) -> Any:
@@ -147,20 +196,20 @@ def _process_events(index: int, rec: Any, events: list, shift_us: float):
             device_pids[pid] = DEVICE_PID_BASE + index * 256 + len(device_pids)
         return device_pids[pid]
 
-    for ev in events:
-        if not isinstance(ev, dict):
-            continue
-        if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index", "process_labels"):
-            continue  # rewritten below
-        ev = dict(ev)
-        if "ts" in ev and shift_us:
-            ev["ts"] = round(float(ev["ts"]) + shift_us, 3)
-        if "pid" in ev:
-            ev["pid"] = pid_for(ev["pid"])
-        if ev.get("ph") in ("s", "t", "f") and isinstance(ev.get("id"), int):
-            ev["id"] = ev["id"] + (index + 1) * FLOW_ID_STRIDE
-        yield ev
-    sort_base = (ROLE_ORDER.get(rec.role, 9) * 1000 + (rec.rank or 0)) * 10
+    for batch in batches:
+        for ev in batch:  # freshly decoded: rewritten in place
+            if not isinstance(ev, dict):
+                continue
+            if ev.get("ph") == "M" and ev.get("name") in _REWRITTEN_METADATA:
+                continue  # rewritten below
+            if "ts" in ev and shift_us:
+                ev["ts"] = round(float(ev["ts"]) + shift_us, 3)
+            if "pid" in ev:
+                ev["pid"] = pid_for(ev["pid"])
+            if ev.get("ph") in ("s", "t", "f") and isinstance(ev.get("id"), int):
+                ev["id"] = ev["id"] + (index + 1) * FLOW_ID_STRIDE
+            yield ev
+    sort_base = sort_index(rec)
     yield _meta("process_name", rec.pid, {"name": rec.label})
     yield _meta("process_sort_index", rec.pid, {"sort_index": sort_base})
     for n, (orig, pid) in enumerate(device_pids.items()):

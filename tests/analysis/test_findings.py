@@ -123,7 +123,7 @@ def test_collective_overlap(tmp_path):
 def test_merged_trace_splits_processes(tmp_path):
     """The sidecar's merged trace (sidecar.service.merge.write_merged) of two workers whose
     correlation ids are all the same: each worker gets exactly its own kernels and steps."""
-    from sidecar.service.merge import write_merged
+    from sidecar.service.merge import check_trace, write_merged
 
     with gzip.open(trace_path("a100-cuda-event-sync.json.gz"), "rt") as fh:
         rank0 = json.load(fh)
@@ -134,11 +134,16 @@ def test_merged_trace_splits_processes(tmp_path):
         if ev.get("pid") == 948300:
             ev["pid"] = 4321
     records = [
-        SimpleNamespace(label="worker rank 0 (pid 948300)", role="worker", pid=948300, rank=0),
-        SimpleNamespace(label="worker rank 1 (pid 4321)", role="worker", pid=4321, rank=1),
+        SimpleNamespace(label="worker rank 0 (pid 948300)", role="worker", pid=948300, rank=0, step_driven=True),
+        SimpleNamespace(label="worker rank 1 (pid 4321)", role="worker", pid=4321, rank=1, step_driven=True),
     ]
+    raw = []
+    for rec, data in zip(records, [rank0, rank1]):  # plain JSON files, as the probes write them
+        path = tmp_path / f"rank{rec.rank}.json"
+        path.write_text(json.dumps(data))
+        raw.append(check_trace(rec, path))
     merged = tmp_path / "trace.json.gz"
-    write_merged(merged, list(zip(records, [rank0, rank1])))
+    write_merged(merged, raw)
     summary = analyze_path(merged)
     workers = {p["label"]: p for p in summary["processes"] if p["gpu"]["kernel_count"]}
     assert set(workers) == {"worker rank 0 (pid 948300)", "worker rank 1 (pid 4321)"}
