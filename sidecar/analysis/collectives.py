@@ -15,7 +15,7 @@ from . import intervals
 from .arrays import distinct
 from .events import Kind, is_collective
 from .kernels import NameStat, name_stats, ratio, top, us
-from .processes import ProcessView
+from .view import ProcessView
 
 
 class CollectiveStats(msgspec.Struct):

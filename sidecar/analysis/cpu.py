@@ -9,7 +9,7 @@ import numpy as np
 
 from .events import Kind
 from .kernels import us
-from .processes import ProcessView
+from .view import ProcessView
 
 
 class OpStat(msgspec.Struct):

@@ -23,7 +23,7 @@ import numpy as np
 from . import intervals
 from .events import Kind
 from .kernels import GpuStats, us
-from .processes import ProcessView
+from .view import ProcessView
 from .syncs import SyncFinding
 
 MIN_GAP_US = 10.0

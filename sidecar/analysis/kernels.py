@@ -16,7 +16,7 @@ import numpy as np
 from . import intervals
 from .arrays import distinct
 from .events import Kind, memcpy_direction
-from .processes import ProcessView
+from .view import ProcessView
 
 
 class NameStat(msgspec.Struct):
@@ -143,6 +143,15 @@ def gpu_stats(view: ProcessView, window: tuple[float, float]) -> GpuStats:
         stats.device_span[dev] = (float(union.start[0]), float(union.end[-1]))
         stats.device_window[dev] = window
     return stats
+
+
+def busy_union(view: ProcessView) -> intervals.Spans:
+    """The union of the process's kernel intervals over all its devices: the same spans as the union
+    of ``gpu_stats``' per-device unions (a union of unions is the union of the parts), for callers
+    that need only this (the sync finding of ``sidecar.syncs.trace``)."""
+    ts, dur, kind = view.columns("ts", "dur", "kind")
+    k = np.flatnonzero(kind == Kind.KERNEL)
+    return intervals.union(ts[k], ts[k] + dur[k])
 
 
 def merge(parts: Iterable[GpuStats]) -> GpuStats:

@@ -15,7 +15,7 @@ from . import intervals
 from .arrays import distinct
 from .events import is_launch
 from .kernels import us
-from .processes import ProcessView
+from .view import ProcessView
 
 
 class LaunchStats(msgspec.Struct):

@@ -19,7 +19,7 @@ import numpy as np
 from .arrays import distinct, isin
 from .collect import Pid, TraceData
 from .events import Kind
-from .processes import ProcessView, track_view
+from .view import ProcessView, track_view
 
 _PID_IN_LABEL = re.compile(r"\bpid\s*(\d+)")
 

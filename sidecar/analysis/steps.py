@@ -18,7 +18,7 @@ from .events import Kind, is_collective
 from .gaps import GapTable
 from .kernels import groups_in_order, name_stats, ratio, us
 from .launches import LaunchStats, launch_stats
-from .processes import ProcessView
+from .view import ProcessView
 from .syncs import SyncFinding
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from . import collectives, cpu, gaps, intervals, kernels, launches, steps, syncs
 from .collect import Collector, TraceData
 from .errors import TraceFormatError
-from .processes import ProcessView, split_processes
+from .processes import split_processes
 from .stream import TopLevel, read_events
+from .view import ProcessView
 
 SCHEMA_VERSION = 1
 _TRACE_SUFFIXES = (".json", ".json.gz")

@@ -27,8 +27,8 @@ import numpy as np
 from . import intervals
 from .arrays import distinct, isin
 from .events import Kind, api_base_name, is_pageable_dtoh, memcpy_direction
-from .kernels import us
-from .processes import ProcessView
+from .kernels import busy_union, us
+from .view import ProcessView
 
 SYNC_CALLS = frozenset(
     {
@@ -139,6 +139,12 @@ def find_syncs(view: ProcessView, busy: intervals.Spans) -> list[SyncFinding]:
             last_copy_was_dtoh = kind == "pageable_copy"
     findings.sort(key=lambda f: f.ts)
     return findings
+
+
+def find_process_syncs(view: ProcessView) -> list[SyncFinding]:
+    """``find_syncs`` for a process on its own, without the rest of the analysis: what the
+    hidden-sync detector needs to read a trace (``sidecar.syncs.trace``)."""
+    return find_syncs(view, busy_union(view))
 
 
 def summarize(findings: Sequence[SyncFinding], top_sites: int = 5) -> list[dict]:

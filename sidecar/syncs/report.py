@@ -16,7 +16,7 @@ A site (``sites`` list of a report):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from .allowlist import HIDDEN, Allowlist
 
@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # the detector imports torch; merging reports in the sidecar 
     from .detector import SiteStats
 
 SITE_KEY = ("path", "function", "op")
+# Times summed when sites merge, where a site has them (watch sites have neither; trace sites both).
+SUMMED_TIMES = ("blocked_us", "gpu_idle_after_us")
 
 
 def build_sites(stats: Iterable[SiteStats], steps: int, allowlist: Allowlist) -> list[dict[str, Any]]:
@@ -76,7 +78,7 @@ def merge_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "scan_id": next((r.get("scan_id") for r in reports if r.get("scan_id")), None),
         "steps_recorded": min(steps) if steps else 0,
         "processes": len(reports),
-        "sites": sort_sites(_merged_sites(reports, lambda r: r.get("process") or r.get("pid"))),
+        "sites": sort_sites(merge_sites(reports, lambda r: r.get("process") or r.get("pid"))),
     }
 
 
@@ -84,31 +86,41 @@ def merge_watch_reports(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     """The sites of several processes' watch reports (watch.py, each with a ``process`` label),
     merged as in ``merge_reports``; hidden first, then the most frequent (watch sites have no
     ``blocked_us``)."""
-    merged = _merged_sites(reports, lambda r: r.get("process"))
+    merged = merge_sites(reports, lambda r: r.get("process"))
     return sorted(merged, key=lambda s: (s["classification"] != HIDDEN, -s["count"], s["path"], s["line"]))
 
 
-def _merged_sites(reports: Sequence[Mapping[str, Any]], label_of) -> list[dict[str, Any]]:
-    """Sites with the same path, line, function and op summed over reports: counts and (where
-    present) blocked time added, per-process rates added, the step range widened, hidden if any
-    report classed it hidden, and the labels of the processes that saw it."""
+def merge_sites(reports: Sequence[Mapping[str, Any]], label_of: Callable[[Mapping[str, Any]], Any]) -> list[dict[str, Any]]:
+    """The one merge of sites over reports (live scans, the watch, the processes of a trace), in
+    order of first appearance, unsorted. Sites with the same path, line, function and op (and
+    ``api``, which only trace sites have: one line can make two different calls) are summed: counts
+    and, where present, host time blocked and GPU idle time after added, per-process rates added,
+    the step range widened (a trace site outside every ProfilerStep has step -1: none), hidden if any
+    report classed it hidden; ``processes`` lists the labels (``label_of(report)``, None for none) of
+    the reports that saw it."""
     merged: dict[tuple, dict[str, Any]] = {}
     for report in reports:
         label = label_of(report)
         for site in report.get("sites", []):
-            key = site_key(site)
+            key = site_key(site) + (site.get("api"),)
             into = merged.get(key)
             if into is None:
                 into = merged[key] = {**site, "processes": []}
             else:
                 into["count"] += site["count"]
                 into["count_per_step"] = round(into["count_per_step"] + site["count_per_step"], 3)
-                if "blocked_us" in into:
-                    into["blocked_us"] = round(into["blocked_us"] + site["blocked_us"], 1)
-                into["first_step"] = min(into["first_step"], site["first_step"])
+                for field in SUMMED_TIMES:
+                    if field in into:
+                        into[field] = round(into[field] + site[field], 1)
+                into["first_step"] = _earliest(into["first_step"], site["first_step"])
                 into["last_step"] = max(into["last_step"], site["last_step"])
                 if site["classification"] == HIDDEN:
                     into["classification"], into["reason"] = HIDDEN, ""
             if label is not None and label not in into["processes"]:
                 into["processes"].append(label)
     return list(merged.values())
+
+
+def _earliest(a: int, b: int) -> int:
+    """The earlier of two first steps, where -1 means none."""
+    return min(a, b) if a >= 0 and b >= 0 else max(a, b)

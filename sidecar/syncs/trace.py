@@ -1,16 +1,19 @@
 """Sync sites from a Kineto trace (a capture, or a user's own file), in the detector's report model.
 
 The finding itself is ``sidecar.analysis.syncs``' work (synchronize calls, blocking memcpys,
-"non-blocking" DtoH copies into pageable memory, each with the GPU idle time that followed); this
-module only names each one the way a live scan does:
+"non-blocking" DtoH copies into pageable memory, each with the GPU idle time that followed; only
+that part of the analysis runs); this module only names each one the way a live scan does, with
+an engine profile's phase rules, allowlist entries and skipped packages (``sidecar.engine``), and
+merges the processes' sites with the live reports' routine (``report.merge_sites``):
 
 * ``op``: from the outermost aten op around the call that says what the code wrote (``aten::item``
   → item, ``aten::is_nonzero`` → bool, ``aten::to`` / ``copy_`` → copy_to_host, ...), else from the
   runtime call (cudaEventSynchronize → event.synchronize, cudaStreamSynchronize →
   stream.synchronize, cudaDeviceSynchronize → synchronize, a blocking memcpy → copy_to_host).
-* the site: the innermost Python frame outside torch and this project when the trace has stacks
-  (``with_stack``); otherwise ``function`` is the innermost enclosing annotation or module that is
-  not an aten op (``DistributedDataParallel.forward``), and ``file`` / ``path`` are empty.
+* the site: the innermost Python frame outside torch, this project and the profile's
+  ``skip_packages`` when the trace has stacks (``with_stack``); otherwise ``function`` is the
+  innermost enclosing annotation or module that is not an aten op
+  (``DistributedDataParallel.forward``), and ``file`` / ``path`` are empty.
 
 Sites count runtime calls: on a GPU one ``.item()`` is a DtoH memcpy into pageable memory plus a
 stream synchronize, so it shows as two sites with the same op and different ``api``. Extra fields
@@ -24,15 +27,19 @@ import os
 import re
 from typing import Any, Iterable, Optional, Sequence
 
+from .. import engine
 from ..analysis.processes import split_processes
-from ..analysis.summary import analyze_process, load, trace_files
+from ..analysis.summary import load, trace_files
+from ..analysis.syncs import find_process_syncs
 from .allowlist import Allowlist
-from .report import sort_sites
-from .sites import OTHER, VLLM_PHASE_RULES, PhaseRule
+from .report import merge_sites, sort_sites
+from .sites import OTHER, PhaseRule
 
 _PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<function>.+)$")
 _SITE_PACKAGES = re.compile(r".*/(?:site|dist)-packages/")
-DEFAULT_SKIP = ("torch/", "sidecar/", "sidecar_vllm/")
+# Import-relative path prefixes whose frames are never a site: torch's and this project's. An engine
+# integration adds its own package through its profile's ``skip_packages`` (``skip_prefixes``).
+DEFAULT_SKIP = ("torch/", "sidecar/")
 
 # aten op in a trace → report op. The outermost one found wins: it is what the code called.
 ATEN_OPS = {
@@ -94,6 +101,11 @@ def trace_site(stack: Sequence[str], skip: Sequence[str] = DEFAULT_SKIP) -> dict
     return {"file": "", "path": "", "line": 0, "function": context}
 
 
+def skip_prefixes(profile: engine.EngineProfile) -> tuple[str, ...]:
+    """``DEFAULT_SKIP`` plus the import-relative folders of the profile's ``skip_packages``."""
+    return DEFAULT_SKIP + tuple(p.replace(".", "/") + "/" for p in profile.skip_packages)
+
+
 def _phase(stack: Sequence[str], rules: Iterable[PhaseRule]) -> str:
     rules = tuple(rules)
     for name in reversed(stack):
@@ -108,42 +120,36 @@ def _phase(stack: Sequence[str], rules: Iterable[PhaseRule]) -> str:
 def scan_trace(
     path: str | os.PathLike,
     allowlist: Optional[Allowlist] = None,
-    phase_rules: Iterable[PhaseRule] = VLLM_PHASE_RULES,
+    profile: Optional[engine.EngineProfile] = None,
 ) -> dict[str, Any]:
     """Every sync site of a trace file, or of a folder of rank files, one report per process
-    (``processes``) and all of them merged (``sites``). Raises ``TraceFormatError`` for anything
+    (``processes``) and all of them merged (``sites``). ``profile`` gives the phase rules, the
+    allowlist entries (unless ``allowlist`` is given) and the packages whose frames are skipped; by
+    default, those of every installed engine profile (``sidecar.engine.installed_profiles``), since
+    a trace file does not say which engine wrote it. Raises ``TraceFormatError`` for anything
     unreadable."""
-    allowlist = allowlist if allowlist is not None else Allowlist()
+    profile = profile if profile is not None else engine.combined(engine.installed_profiles())
+    allowlist = allowlist if allowlist is not None else Allowlist(profile.allow_entries)
+    skip = skip_prefixes(profile)
     processes = []
     for file in trace_files(path):
         data = load(file)
         for view in split_processes(data):
-            findings = analyze_process(view, 1).syncs
+            findings = find_process_syncs(view)
             steps = len({f.step for f in findings if f.step is not None}) or len(view.steps)
             processes.append({"process": view.label, "file": str(file), "steps": steps,
-                              "sites": _sites(findings, steps, allowlist, phase_rules)})
+                              "sites": _sites(findings, steps, allowlist, profile.phase_rules, skip)})
         del data
-    merged: dict[tuple, dict[str, Any]] = {}
-    for proc in processes:
-        for site in proc["sites"]:
-            key = (site["path"], site["line"], site["function"], site["op"], site["api"])
-            into = merged.get(key)
-            if into is None:
-                merged[key] = {**site, "processes": [proc["process"]]}
-                continue
-            into["count"] += site["count"]
-            into["blocked_us"] = round(into["blocked_us"] + site["blocked_us"], 1)
-            into["gpu_idle_after_us"] = round(into["gpu_idle_after_us"] + site["gpu_idle_after_us"], 1)
-            into["processes"].append(proc["process"])
     return {"type": "sync", "source": "trace", "path": str(path), "processes": processes,
-            "sites": sort_sites(list(merged.values()))}
+            "sites": sort_sites(merge_sites(processes, lambda proc: proc["process"]))}
 
 
-def _sites(findings, steps: int, allowlist: Allowlist, phase_rules) -> list[dict[str, Any]]:
+def _sites(findings, steps: int, allowlist: Allowlist, phase_rules: Sequence[PhaseRule],
+           skip: Sequence[str]) -> list[dict[str, Any]]:
     grouped: dict[tuple, dict[str, Any]] = {}
     for f in findings:
         op, cpu_op = trace_op(f.name, f.kind, f.stack)
-        where = trace_site(f.stack)
+        where = trace_site(f.stack, skip)
         key = (where["path"], where["line"], where["function"], op, f.name)
         site = grouped.get(key)
         if site is None:
