@@ -1,13 +1,16 @@
 """Environment variables of the sync detector, one constant each (see docs/syncs.md).
 
-Constructor arguments override the environment; a bad environment value is logged and replaced by
-the default, so a typo never stops an engine from starting.
+Constructor arguments override the environment; a bad environment value is logged as an error naming
+the variable and replaced by the default (booleans are read by ``sidecar.config.env_flag``, the one
+parser of boolean settings), so a typo never stops an engine from starting.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+
+from ..config import env_flag
 
 log = logging.getLogger(__name__)
 
@@ -19,21 +22,9 @@ ENV_TREAT_CPU_AS_DEVICE = "SIDECAR_SYNC_TREAT_CPU_AS_DEVICE"
 # Path of a JSON file with extra allowlist entries (format in docs/syncs.md).
 ENV_ALLOWLIST = "SIDECAR_SYNC_ALLOWLIST"
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
-
 
 def treat_cpu_as_device() -> bool:
-    return _flag(ENV_TREAT_CPU_AS_DEVICE)
-
-
-def _flag(name: str) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw not in _FALSE:
-        log.warning("%s=%r is not a boolean; using 0", name, raw)
-    return False
+    return env_flag(ENV_TREAT_CPU_AS_DEVICE)
 
 
 def allowlist_path() -> str | None:
@@ -50,7 +41,7 @@ ENV_WATCH_EVERY = "SIDECAR_SYNC_WATCH_EVERY"
 
 
 def watch_enabled() -> bool:
-    return _flag(ENV_WATCH)
+    return env_flag(ENV_WATCH)
 
 
 def watch_every(default: int = 16) -> int:

@@ -1,7 +1,9 @@
 """Telemetry settings: the standard ``OTEL_*`` variables plus a few ``SIDECAR_*`` ones.
 
 One constant per variable with its default. A bad environment value is logged and replaced by the
-default (telemetry must never stop an engine from starting); a bad constructor argument raises.
+default (telemetry must never stop an engine from starting; booleans are read by
+``sidecar.config.env_flag``, which logs an error naming the variable); a bad constructor argument
+raises.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .. import config
+from ..protocol import METRICS_PUSH_PATH
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ ENV_TELEMETRY = "SIDECAR_TELEMETRY"
 # Fraction of engine/worker steps that become spans (0 = no step spans, the default; 1 = all).
 ENV_STEP_SPANS_RATIO = "SIDECAR_STEP_SPANS_RATIO"
 DEFAULT_STEP_SPANS_RATIO = 0.0
-# How often engine processes push their metrics to the sidecar's /v1/metrics (milliseconds).
+# How often engine processes push their metrics to the sidecar (METRICS_PUSH_PATH; milliseconds).
 ENV_METRICS_PUSH_INTERVAL = "SIDECAR_METRICS_PUSH_INTERVAL_MS"
 DEFAULT_METRICS_PUSH_INTERVAL_MS = 5000
 # Set to 0/off to not push metrics to the sidecar (then no Prometheus target has them).
@@ -53,23 +56,6 @@ ENV_METRICS_PUSH = "SIDECAR_METRICS_PUSH"
 # How often the NVML and psutil samplers read (seconds).
 ENV_SAMPLE_INTERVAL = "SIDECAR_SAMPLE_INTERVAL_S"
 DEFAULT_SAMPLE_INTERVAL_S = 5.0
-
-METRICS_PUSH_PATH = "/v1/metrics"
-
-_FALSE = ("0", "false", "no", "off")
-_TRUE = ("1", "true", "yes", "on")
-
-
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    value = env.get(name, "").strip().lower()
-    if not value:
-        return default
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    log.warning("%s=%r is not a boolean; using %s", name, value, default)
-    return default
 
 
 def _number(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
@@ -145,9 +131,9 @@ class TelemetrySettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "TelemetrySettings":
         env = os.environ if env is None else env
-        if _flag(env, OTEL_SDK_DISABLED, False) or not _flag(env, ENV_TELEMETRY, True):
+        if config.env_flag(OTEL_SDK_DISABLED, False, env) or not config.env_flag(ENV_TELEMETRY, True, env):
             return cls(enabled=False)
-        push = _flag(env, ENV_METRICS_PUSH, True)
+        push = config.env_flag(ENV_METRICS_PUSH, True, env)
         queue = int(_number(env, OTEL_BSP_MAX_QUEUE_SIZE, DEFAULT_BSP_MAX_QUEUE_SIZE, 1, 1 << 20))
         return cls(
             traces=_exporter_on(env, OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT),

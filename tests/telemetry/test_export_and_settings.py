@@ -1,3 +1,4 @@
+import logging
 import threading
 import time
 
@@ -97,3 +98,15 @@ def test_bad_arguments_raise():
         TelemetrySettings(step_spans_ratio=1.5)
     with pytest.raises(ValueError):
         TelemetrySettings(traces_protocol="udp")
+
+
+def test_a_bad_boolean_is_an_error_naming_the_variable_and_the_default_stays(caplog):
+    with caplog.at_level(logging.ERROR):
+        s = TelemetrySettings.from_env({"SIDECAR_METRICS_PUSH": "perhaps", "SIDECAR_TELEMETRY": "sure"})
+    assert s.enabled and s.sidecar_metrics_url == "http://127.0.0.1:8787/v1/metrics"
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("SIDECAR_METRICS_PUSH" in m and "perhaps" in m for m in errors)
+    assert any("SIDECAR_TELEMETRY" in m and "sure" in m for m in errors)
+    for off in ("0", "false", "No", " OFF "):
+        assert not TelemetrySettings.from_env({"SIDECAR_TELEMETRY": off}).enabled
+    assert TelemetrySettings.from_env({"SIDECAR_TELEMETRY": ""}).enabled  # empty: the default
