@@ -64,8 +64,11 @@ class LoadResult:
 
 async def stream_one(session: aiohttp.ClientSession, url: str, model: str, prompt: str,
                      max_tokens: int, headers: dict | None = None) -> RequestResult:
+    # include_usage: the server's own token count arrives in a last chunk. Counting chunks is not
+    # enough: a token whose text is empty (part of a UTF-8 character) shares the next token's chunk.
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0.0, "ignore_eos": True}
+            "temperature": 0.0, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    usage_tokens = None
     start = time.perf_counter()
     last = None
     result = RequestResult(ok=False)
@@ -83,6 +86,9 @@ async def stream_one(session: aiohttp.ClientSession, url: str, model: str, promp
                     result.ok = True
                     break
                 chunk = json.loads(payload)
+                usage = chunk.get("usage")
+                if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                    usage_tokens = usage["completion_tokens"]
                 if not chunk.get("choices"):
                     continue
                 now = time.perf_counter()
@@ -95,6 +101,8 @@ async def stream_one(session: aiohttp.ClientSession, url: str, model: str, promp
                 result.tokens += 1
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
+    if usage_tokens is not None:
+        result.tokens = usage_tokens
     if result.ok is False and result.error is None:
         result.error = "stream ended without [DONE]"
     return result
