@@ -1,9 +1,25 @@
-"""The shared secret between the sidecar, its HTTP clients and the probes."""
+"""The shared secret between the sidecar, its HTTP clients and the probes.
+
+The HTTP API takes the token itself (``Authorization: Bearer``). The probe channel and the metric
+push never send it: each side proves it knows the token with an HMAC-SHA256 keyed by it, over inputs
+that the other side chose (a nonce) or that cannot be reused (a timestamp and the body's digest).
+Every input is ASCII text joined by NUL bytes behind a label naming its use, so that no proof made
+for one use is valid for another (docs/api.md, "Probe authentication"; docs/security.md):
+
+  sidecar → probe   HMAC(token, "sidecar" NUL probe_nonce NUL sidecar_nonce)
+  probe → sidecar   HMAC(token, "probe" NUL sidecar_nonce NUL probe_nonce)
+  metric push       HMAC(token, "metrics" NUL timestamp NUL hex(sha256(body)))
+
+Nonces are 32 random bytes as 64 lowercase hex characters, a timestamp is decimal unix seconds,
+every MAC is lowercase hex.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -45,3 +61,78 @@ def bearer_matches(header: str | None, token: str) -> bool:
     if not header or not header.startswith("Bearer "):
         return False
     return hmac.compare_digest(header[len("Bearer "):].strip().encode(), token.encode())
+
+
+# -- proofs of the token, for the probe channel and the metric push ---------------------------------------
+SIDECAR_LABEL = b"sidecar"
+PROBE_LABEL = b"probe"
+METRICS_LABEL = b"metrics"
+NONCE_BYTES = 32
+HEX64 = r"^[0-9a-f]{64}$"  # a nonce, a proof, a signature
+TIMESTAMP_HEADER = "X-Sidecar-Timestamp"
+SIGNATURE_HEADER = "X-Sidecar-Signature"
+PUSH_MAX_SKEW_S = 60  # a signed push older or newer than this is refused
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def mac(token: str, label: bytes, first: str, second: str) -> str:
+    """HMAC-SHA256(token, label + NUL + first + NUL + second), lowercase hex."""
+    message = label + b"\0" + first.encode("ascii") + b"\0" + second.encode("ascii")
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+def _same(given: str, expected: str) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def sidecar_proof(token: str, probe_nonce: str, sidecar_nonce: str) -> str:
+    """What the sidecar sends in its ``Challenge``: it knows the token."""
+    return mac(token, SIDECAR_LABEL, probe_nonce, sidecar_nonce)
+
+
+def sidecar_proof_ok(token: str, probe_nonce: str, sidecar_nonce: str, proof: str) -> bool:
+    return _same(proof, sidecar_proof(token, probe_nonce, sidecar_nonce))
+
+
+def probe_proof(token: str, sidecar_nonce: str, probe_nonce: str) -> str:
+    """What the probe answers in its ``Proof``, once the sidecar's proof checked out."""
+    return mac(token, PROBE_LABEL, sidecar_nonce, probe_nonce)
+
+
+def probe_proof_ok(token: str, sidecar_nonce: str, probe_nonce: str, proof: str) -> bool:
+    return _same(proof, probe_proof(token, sidecar_nonce, probe_nonce))
+
+
+def push_signature(token: str, timestamp: str, body: bytes) -> str:
+    return mac(token, METRICS_LABEL, timestamp, hashlib.sha256(body).hexdigest())
+
+
+def push_headers(token: str, body: bytes, now: float) -> dict[str, str]:
+    """The headers that sign one metric push."""
+    timestamp = str(int(now))
+    return {TIMESTAMP_HEADER: timestamp, SIGNATURE_HEADER: push_signature(token, timestamp, body)}
+
+
+def push_header_problem(timestamp: str | None, signature: str | None, now: float) -> str | None:
+    """What is wrong with a push's signing headers before the body is read (None: nothing yet)."""
+    if not timestamp or not signature:
+        return f"a signed push needs {TIMESTAMP_HEADER} and {SIGNATURE_HEADER}"
+    if not re.fullmatch(r"[0-9]{1,12}", timestamp):
+        return f"{TIMESTAMP_HEADER} must be unix seconds"
+    if abs(now - int(timestamp)) > PUSH_MAX_SKEW_S:
+        return f"{TIMESTAMP_HEADER} is more than {PUSH_MAX_SKEW_S} s from the sidecar's clock"
+    if not re.fullmatch(HEX64, signature):
+        return f"{SIGNATURE_HEADER} must be 64 hex digits"
+    return None
+
+
+def push_signature_problem(token: str, timestamp: str | None, signature: str | None, body: bytes,
+                           now: float) -> str | None:
+    """Why a push is refused (None: its signature is valid)."""
+    problem = push_header_problem(timestamp, signature, now)
+    if problem is None and not _same(signature, push_signature(token, timestamp, body)):
+        problem = "the signature does not match"
+    return problem

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Mapping
 
@@ -29,6 +30,11 @@ ENV_TOKEN_FILE = "SIDECAR_TOKEN_FILE"
 # Set to 1 to load the engine plugin without patching anything (baseline runs, emergencies).
 ENV_DISABLE = "SIDECAR_DISABLE"
 
+# The probes' trace root: they write raw traces only under <root>/captures/<id>/raw/, never where a
+# message says. Default: beside the default token file (trace_dir()). `sidecar serve` takes it as
+# its default --trace-dir, so that sidecar and engine share one root when it is set.
+ENV_TRACE_DIR = "SIDECAR_TRACE_DIR"
+
 # Upper bounds that keep a capture's output finite. The sidecar's flags can lower or raise them.
 DEFAULT_MAX_STEPS = 1000
 DEFAULT_MAX_CAPTURE_MB = 1024
@@ -36,11 +42,29 @@ DEFAULT_KEEP_CAPTURES = 20
 DEFAULT_CAPTURE_TIMEOUT_S = 120.0
 MAX_CAPTURE_TIMEOUT_S = 3600.0
 
+# The probes' own limits, whatever the sidecar asks (sidecar.probe.limits): steps per job, seconds
+# one window may record, MiB of one trace file.
+ENV_PROBE_MAX_STEPS = "SIDECAR_PROBE_MAX_STEPS"  # default DEFAULT_MAX_STEPS
+ENV_PROBE_MAX_CAPTURE_S = "SIDECAR_PROBE_MAX_CAPTURE_S"
+DEFAULT_PROBE_MAX_CAPTURE_S = 300.0
+ENV_PROBE_MAX_TRACE_MB = "SIDECAR_PROBE_MAX_TRACE_MB"  # default DEFAULT_MAX_CAPTURE_MB
 
-def default_token_file() -> Path:
+
+def _private_base() -> Path:
+    """$XDG_RUNTIME_DIR/inference-sidecar, else ~/.cache/inference-sidecar: the token file's folder."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) if runtime else Path.home() / ".cache"
-    return base / "inference-sidecar" / "token"
+    return base / "inference-sidecar"
+
+
+def default_token_file() -> Path:
+    return _private_base() / "token"
+
+
+def trace_dir() -> Path:
+    """The trace root: $SIDECAR_TRACE_DIR, else ``traces`` beside the default token file."""
+    value = os.environ.get(ENV_TRACE_DIR, "").strip()
+    return Path(value) if value else _private_base() / "traces"
 
 
 def token_file() -> Path:
@@ -84,6 +108,24 @@ def env_flag(name: str, default: bool = False, env: Mapping[str, str] | None = N
     except ValueError as exc:
         log.error("inference-sidecar: %s; using %s", exc, "1" if default else "0")
         return default
+
+
+def env_number(name: str, default: float, *, integer: bool = False,
+               env: Mapping[str, str] | None = None) -> float:
+    """A positive, finite number from the environment (an integer if ``integer``). A bad value is
+    logged as an error naming the variable and the default is used, as for ``env_flag``."""
+    raw = (os.environ if env is None else env).get(name)
+    if raw is None or not raw.strip():
+        return default
+    text = raw.strip()
+    # ASCII digits only: int() and float() also take "1_0" and other scripts' digits.
+    pattern = r"[0-9]+" if integer else r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
+    value = (int(text) if integer else float(text)) if re.fullmatch(pattern, text) else 0
+    if not 0 < value < float("inf"):
+        kind = "a positive integer" if integer else "a positive number"
+        log.error("inference-sidecar: %s=%r is not %s; using %s", name, raw, kind, default)
+        return default
+    return value
 
 
 def disabled() -> bool:

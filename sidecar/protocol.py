@@ -6,19 +6,30 @@ call and raise ``ProtocolError`` (naming the problem) for anything malformed, so
 half-applies a message. The first frame of a connection is the probe's ``Hello``; a probe speaking
 another ``PROTOCOL_VERSION`` is refused with an error naming both versions.
 
+The handshake: each side proves it knows the shared token, and neither sends it (sidecar/auth.py has
+the HMAC inputs; docs/api.md, "Probe authentication"). The probe connects with no credentials and
+sends ``hello`` with a fresh nonce; the sidecar answers ``challenge`` with its own nonce and its proof;
+the probe checks that proof before it sends or acts on anything else (wrong: it closes the
+connection, says nothing more), then answers ``proof``; the sidecar checks it and only then
+registers the probe (wrong: close code ``CLOSE_REFUSED``).
+
 probe → sidecar
-  hello      {protocol, process: ProcessIdentity}
+  hello      {protocol, process: ProcessIdentity, nonce}
+  proof      {proof}                               HMAC("probe", sidecar nonce, probe nonce)
   heartbeat  {steps, sync_watch?}                  working steps so far; the watch report when changed
   capture    {job_id, state, steps_recorded, steps_seen?, first_step?, file?, bytes, error?, stop_reason?}
   sync       {job_id, state, steps_recorded, steps_seen?, first_step?, treat_cpu_as_device, sites?,
               error?, stop_reason?}
 sidecar → probe
+  challenge  {nonce, proof}                        HMAC("sidecar", probe nonce, sidecar nonce)
   arm        {spec: CaptureSpec}    the probe answers ``capture`` state=armed with steps_seen
   sync_arm   {spec: SyncSpec}       the probe answers ``sync`` state=armed with steps_seen
   begin      {job_id, start_step}   record from this working step on, the same in every process
   stop       {job_id, reason}       end early, keeping what was recorded
 
 Job ids are unique across kinds (a scan's starts with ``s``), so ``begin`` and ``stop`` serve both.
+An id is never a path component such as ``..`` (``JobId``). A capture names no directory: each probe
+writes ``<its trace root>/captures/<job id>/raw/<process file stem>.json`` and reports that path.
 """
 
 from __future__ import annotations
@@ -27,17 +38,20 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 PROBE_WS_PATH = "/probe/ws"
 # Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
-# version); the close frame's reason says why.
+# version, a wrong proof); the close frame's reason says why.
 CLOSE_REFUSED = 4400
 METRICS_PUSH_PATH = "/v1/metrics"  # probes push OTLP/HTTP metrics here (sidecar/service/metrics_receiver.py)
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Steps = Annotated[int, msgspec.Meta(ge=1)]
-JobId = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
-ROLE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"  # a role's name: on the wire, in processes=, in file names
+# Captures "YYYYmmdd-HHMMSS-xxxxxx", scans "s" + the same: never ".." nor any other path component.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z"
+JobId = Annotated[str, msgspec.Meta(pattern=JOB_ID_PATTERN)]
+Hex64 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]  # a nonce (32 random bytes) or an HMAC-SHA256
+ROLE_PATTERN = r"^[a-z][a-z0-9_]{0,31}\Z"  # a role's name: on the wire, in processes=, in file names
 RoleName = Annotated[str, msgspec.Meta(pattern=ROLE_PATTERN)]
 MAX_TEXT = 4096
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
@@ -93,9 +107,10 @@ class ProcessIdentity(msgspec.Struct, frozen=True, kw_only=True):
 
 # -- what a job asks of a probe ------------------------------------------------------------------------
 class CaptureSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """No directory: a probe writes only under its own trace root (``<root>/captures/<id>/raw/``)."""
+
     id: JobId
     steps: Steps
-    out_dir: Text
     activities: tuple[Activity, ...] = ()  # empty: what the host has
     record_shapes: bool = False
     with_stack: bool = False
@@ -116,6 +131,16 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 class Hello(_Message, tag="hello", kw_only=True):
     protocol: int
     process: ProcessIdentity
+    nonce: Hex64  # fresh for each connection
+
+
+class Challenge(_Message, tag="challenge", kw_only=True):
+    nonce: Hex64  # the sidecar's, fresh for each connection
+    proof: Hex64  # auth.sidecar_proof(token, hello.nonce, nonce)
+
+
+class Proof(_Message, tag="proof", kw_only=True):
+    proof: Hex64  # auth.probe_proof(token, challenge.nonce, hello.nonce)
 
 
 class Heartbeat(_Message, tag="heartbeat", kw_only=True):
@@ -162,8 +187,8 @@ class Stop(_Message, tag="stop", kw_only=True):
     reason: Text = "stopped"
 
 
-FromProbe = Union[Hello, Heartbeat, CaptureReport, SyncReport]
-FromSidecar = Union[Arm, SyncArm, Begin, Stop]
+FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport]
+FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop]
 JobReport = Union[CaptureReport, SyncReport]
 
 

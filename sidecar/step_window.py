@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from time import monotonic
 from typing import Any, Callable
 
 from .protocol import MAX_TEXT, P_ARMED, P_FAILED
@@ -82,6 +83,10 @@ class StepWindow:
     * ``_stop_recording()``: once, after the N-th working step or at the first step boundary after a
       stop request; reports the outcome.
     * ``_report_state(state, **fields)``: send one report (any thread).
+
+    ``limit_time(seconds, reason)``: once recording, the window closes at the first step boundary
+    after ``seconds`` with ``reason`` as its stop reason (one clock read per step while recording,
+    none otherwise).
     """
 
     RECORDING_STATE = "recording"  # the state reported when recording starts
@@ -99,6 +104,8 @@ class StepWindow:
         self._marked = -1  # the last working step that began inside the window
         self._recorded = 0
         self._stop_reason: str | None = None
+        self._time_limit: tuple[float, str] | None = None  # (seconds, stop reason) once recording starts
+        self._deadline: float | None = None  # monotonic() at which recording must end
 
     @property
     def finished(self) -> bool:
@@ -131,8 +138,15 @@ class StepWindow:
             self._recorded = step - self.first_step + 1
         if (did_work and self._schedule(step) is Action.RECORD_AND_STOP) or self._stop_reason is not None:
             self._close()
+        elif self._deadline is not None and monotonic() >= self._deadline:
+            self._stop_reason = self._time_limit[1]
+            self._close()
 
     # -- called from any thread -------------------------------------------------------------------
+    def limit_time(self, seconds: float, reason: str) -> None:
+        """End recording at the first step boundary ``seconds`` after it began, with ``reason``."""
+        self._time_limit = (seconds, reason)
+
     def report_armed(self, steps_seen: int) -> None:
         """Tell the sidecar this process is armed, with its working-step count: the sidecar picks one
         start step for every process from these counts."""
@@ -165,6 +179,8 @@ class StepWindow:
             try:
                 self._schedule = schedule(first, self._steps) if first is not None else None
                 self._start_recording()
+                if self._time_limit is not None:
+                    self._deadline = monotonic() + self._time_limit[0]
             except Exception as exc:  # the engine must keep serving whatever the recorder does
                 self.state = FINISHED
                 log.warning("inference-sidecar: %s: %s", self.OPEN_FAILED, exc)

@@ -14,6 +14,12 @@ from sidecar.devtools.traffic import LoadResult, run_load
 from sidecar_vllm.devtools import VllmStack
 
 
+@pytest.fixture(autouse=True)
+def _probe_trace_root(tmp_path_factory, monkeypatch):
+    """Probes built in a test write under a folder of the test's, never the user's default trace root."""
+    monkeypatch.setenv("SIDECAR_TRACE_DIR", str(tmp_path_factory.mktemp("probe-traces")))
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_model(tmp_path_factory.mktemp("model") / "tiny", size="tiny")

@@ -53,3 +53,16 @@ def test_help_lists_every_command_and_a_command_loads_only_its_own_module():
         capture_output=True, text=True, timeout=60,
     )
     assert probe.stdout.strip() == "[]", probe.stderr
+
+
+def test_serves_trace_dir_defaults_to_the_shared_trace_root_when_set(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from sidecar.cli import build_parser
+
+    monkeypatch.delenv("SIDECAR_TRACE_DIR", raising=False)
+    assert build_parser("serve").parse_args(["serve"]).trace_dir == Path("traces")
+    monkeypatch.setenv("SIDECAR_TRACE_DIR", str(tmp_path / "shared"))
+    assert build_parser("serve").parse_args(["serve"]).trace_dir == tmp_path / "shared"
+    flag = build_parser("serve").parse_args(["serve", "--trace-dir", str(tmp_path / "mine")])
+    assert flag.trace_dir == tmp_path / "mine"  # the flag overrides

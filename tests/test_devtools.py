@@ -29,10 +29,34 @@ def test_the_vllm_stack_starts_the_server_as_before(tmp_path, monkeypatch):
         "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1", "EXTRA": "x"}
     assert env[config.ENV_ENDPOINT] == "http://127.0.0.1:8788" and env[config.ENV_DISABLE] == "1"
     assert env[config.ENV_TOKEN_FILE] == str(tmp_path / "token")
+    # The engine's probes write under the trace dir the sidecar is started with.
+    assert env[config.ENV_TRACE_DIR] == str(stack.trace_dir)
     assert stack.server_url == "http://127.0.0.1:8001" and stack.trace_dir == tmp_path / "traces"
     assert (stack.processes, stack.log_name, stack.engine_label, stack.health_path) == (3, "vllm.log", "vLLM", "/health")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert stack._env()["VLLM_CPU_KVCACHE_SPACE"] == "4"  # the user's own value wins
+
+
+def test_the_sidecar_and_the_engine_share_one_trace_root(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr("subprocess.Popen", lambda cmd, env, **kw: started.append((cmd, env)) or _Exited())
+    monkeypatch.setattr(Stack, "_wait", lambda *a, **k: None)
+    stack = VllmStack(model_dir=tmp_path, work_dir=tmp_path / "work")
+    stack.start_sidecar()
+    stack.start_server()
+    (sidecar_cmd, sidecar_env), (_, server_env) = started
+    trace_dir = sidecar_cmd[sidecar_cmd.index("--trace-dir") + 1]
+    assert trace_dir == str(stack.trace_dir) == server_env[config.ENV_TRACE_DIR] == sidecar_env[config.ENV_TRACE_DIR]
+    mine = VllmStack(model_dir=tmp_path, work_dir=tmp_path, env={config.ENV_TRACE_DIR: str(tmp_path / "t")})
+    assert mine.trace_dir == tmp_path / "t" and mine._env()[config.ENV_TRACE_DIR] == str(tmp_path / "t")
+
+
+class _Exited:
+    pid = 0
+    returncode = 0
+
+    def poll(self):
+        return None
 
 
 def test_the_neutral_stack_needs_an_engine(tmp_path):

@@ -115,6 +115,24 @@ def test_files_outside_the_capture_or_corrupt_are_refused(tmp_path):
     assert result.trace_file is None and outside.exists()
 
 
+def test_raw_files_under_a_probes_own_trace_root_are_taken_and_their_folders_removed(tmp_path):
+    capture_id = "20260101-000000-abcdef"
+    capture_dir = tmp_path / "traces" / "captures" / capture_id
+    capture_dir.mkdir(parents=True)
+    probe_root = tmp_path / "probe-root"
+    w0 = write_raw(probe_root / "captures" / capture_id, Rec("worker", 101, 0, "worker rank 0 (pid 101)", "worker-rank0-pid101"),
+                   kineto(101, 1))
+    # Another capture's raw file: never this capture's to read or delete.
+    stray = write_raw(probe_root / "captures" / "20260101-000000-999999",
+                      Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, 1))
+    result = finalize_capture(capture_dir, [w0, stray], max_bytes=1 << 30)
+    assert result.trace_file == "trace.json.gz"
+    assert result.processes["worker-rank0-pid101"].file == "worker-rank0-pid101.pt.trace.json.gz"
+    assert "outside" in result.processes["engine_core-pid100"].error and Path(stray.raw_file).is_file()
+    assert not Path(w0.raw_file).exists() and not (probe_root / "captures" / capture_id).exists()
+    assert (probe_root / "captures").is_dir()
+
+
 def _bench_merge():
     """benchmarks/bench_merge.py, which keeps the merge as it was before it streamed (json.load)."""
     if "bench_merge" not in sys.modules:

@@ -64,7 +64,7 @@ def profiler_steps(path):
 
 def test_records_exactly_n_working_steps_and_skips_empty_ones(tmp_path, exporter):
     reports = Reports()
-    spec = CaptureSpec(id="c1", steps=3, out_dir=str(tmp_path))
+    spec = CaptureSpec(id="c1", steps=3)
     capture = StepCapture(spec, str(tmp_path / "w.json"), reports, exporter)
     step(capture)  # armed but not begun: the sidecar has not chosen the start step yet
     assert capture.state == "armed"
@@ -83,7 +83,7 @@ def test_records_exactly_n_working_steps_and_skips_empty_ones(tmp_path, exporter
 
 def test_starts_at_the_common_start_step_or_the_next_if_it_passed(tmp_path, exporter):
     reports = Reports()
-    capture = StepCapture(CaptureSpec(id="c2", steps=2, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    capture = StepCapture(CaptureSpec(id="c2", steps=2), str(tmp_path / "w.json"), reports, exporter)
     capture.begin(3)
     for _ in range(3):
         step(capture)
@@ -94,7 +94,7 @@ def test_starts_at_the_common_start_step_or_the_next_if_it_passed(tmp_path, expo
     assert reports.done.wait(10)
     assert len(profiler_steps(tmp_path / "w.json")) == 2
 
-    late = StepCapture(CaptureSpec(id="c2b", steps=1, out_dir=str(tmp_path)), str(tmp_path / "l.json"), Reports(), exporter)
+    late = StepCapture(CaptureSpec(id="c2b", steps=1), str(tmp_path / "l.json"), Reports(), exporter)
     late.begin(1)  # step 1 already passed in this process (counter is at 5)
     step(late)
     assert late.first_step == 5
@@ -102,7 +102,7 @@ def test_starts_at_the_common_start_step_or_the_next_if_it_passed(tmp_path, expo
 
 def test_a_step_that_announced_work_and_did_none_opens_no_profiler_step(tmp_path, exporter):
     reports = Reports()
-    capture = StepCapture(CaptureSpec(id="c7", steps=2, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    capture = StepCapture(CaptureSpec(id="c7", steps=2), str(tmp_path / "w.json"), reports, exporter)
     capture.begin(0)
     for did_work in (False, False, True, False, True):  # every step announced work; two did some
         capture.on_step_begin(True, Counter.steps)
@@ -117,7 +117,7 @@ def test_a_step_that_announced_work_and_did_none_opens_no_profiler_step(tmp_path
 
 def test_stop_before_start_fails_without_touching_the_profiler(tmp_path, exporter):
     reports = Reports()
-    capture = StepCapture(CaptureSpec(id="c3", steps=2, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    capture = StepCapture(CaptureSpec(id="c3", steps=2), str(tmp_path / "w.json"), reports, exporter)
     assert capture.request_stop("timeout") is True
     assert capture.finished and reports.states == ["failed"]
     assert "timeout" in reports.messages[0].error
@@ -127,7 +127,7 @@ def test_stop_before_start_fails_without_touching_the_profiler(tmp_path, exporte
 
 def test_stop_while_recording_keeps_what_was_recorded(tmp_path, exporter):
     reports = Reports()
-    capture = StepCapture(CaptureSpec(id="c4", steps=10, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    capture = StepCapture(CaptureSpec(id="c4", steps=10), str(tmp_path / "w.json"), reports, exporter)
     capture.begin(0)
     step(capture)
     step(capture)
@@ -145,7 +145,7 @@ def test_export_failure_is_reported_not_raised(tmp_path, exporter):
     reports = Reports()
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    capture = StepCapture(CaptureSpec(id="c5", steps=1, out_dir=str(blocker)), str(blocker / "w.json"), reports, exporter)
+    capture = StepCapture(CaptureSpec(id="c5", steps=1), str(blocker / "w.json"), reports, exporter)
     capture.begin(0)
     step(capture)
     assert reports.done.wait(10)
@@ -158,7 +158,7 @@ def test_a_profiler_error_on_the_step_path_never_reaches_the_engine(tmp_path, ex
 
     probe = Probe("worker", 0, endpoint="http://127.0.0.1:9", cuda_available=False)  # never started: no link
     reports = Reports()
-    capture = StepCapture(CaptureSpec(id="c6", steps=5, out_dir=str(tmp_path)), str(tmp_path / "w.json"), reports, exporter)
+    capture = StepCapture(CaptureSpec(id="c6", steps=5), str(tmp_path / "w.json"), reports, exporter)
     probe._capture = capture
     capture.begin(0)
     probe.step_begin(True)

@@ -20,8 +20,10 @@ PROBE_TOKEN = "probe-secret-for-tests"
 def engines(tmp_path):
     procs = []
 
-    def spawn(url, role, *args, token=PROBE_TOKEN):
-        env = dict(os.environ, SIDECAR_ENDPOINT=url, SIDECAR_TOKEN=token, SIDECAR_TOKEN_FILE=str(tmp_path / "none"))
+    def spawn(url, role, *args, token=PROBE_TOKEN, env=None):
+        # The probes' own trace root, apart from the sidecar's trace dir: the sidecar reads what they report.
+        env = dict(os.environ, SIDECAR_ENDPOINT=url, SIDECAR_TOKEN=token, SIDECAR_TOKEN_FILE=str(tmp_path / "none"),
+                   SIDECAR_TRACE_DIR=str(tmp_path / "probe-root"), **(env or {}))
         proc = subprocess.Popen([sys.executable, str(FAKE_ENGINE), role, *args], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(proc)
@@ -68,7 +70,7 @@ async def wait_final(client, capture_id, timeout=60):
     raise AssertionError(f"capture still {body['state']}")
 
 
-async def test_capture_across_processes_merges_one_timeline(sidecar, engines):
+async def test_capture_across_processes_merges_one_timeline(sidecar, engines, tmp_path):
     client = await sidecar()
     engines(client.url, "worker", "--rank", "0")
     engines(client.url, "worker", "--rank", "1")
@@ -113,6 +115,9 @@ async def test_capture_across_processes_merges_one_timeline(sidecar, engines):
     assert status2["state"] == "done" and [p["rank"] for p in status2["processes"]] == [1]
     listed = await (await client.get("/profiles")).json()
     assert [c["id"] for c in listed["captures"]] == [second["id"], started["id"]]
+    # The probes wrote under their own root; the sidecar took their files and left no folder there.
+    assert list((tmp_path / "probe-root" / "captures").iterdir()) == []
+    assert not (tmp_path / "traces" / "captures" / started["id"] / "raw").exists()
 
 
 async def test_busy_no_probes_and_stop(sidecar, engines):
@@ -198,6 +203,28 @@ async def test_token_protects_api_and_probe_channel(sidecar, engines):
     await asyncio.sleep(1.5)  # both probes started together; the wrong one has had its tries by now
     procs = (await (await client.get("/processes", headers=auth)).json())["processes"]
     assert [p["rank"] for p in procs] == [1], "the probe with the wrong token must not be registered"
+
+
+async def test_a_capture_over_the_probes_step_limit_fails_naming_it(sidecar, engines):
+    client = await sidecar()
+    engines(client.url, "worker", "--rank", "0", env={"SIDECAR_PROBE_MAX_STEPS": "5"})
+    await wait_processes(client, 1)
+    capture_id = (await (await client.get("/profile/start", params={"steps": "6"})).json())["id"]
+    status = await wait_final(client, capture_id)
+    assert status["state"] == "failed"
+    assert "SIDECAR_PROBE_MAX_STEPS=5" in status["reason"] and "SIDECAR_PROBE_MAX_STEPS" in status["processes"][0]["error"]
+
+
+async def test_a_capture_over_the_probes_duration_limit_ends_naming_it(sidecar, engines):
+    client = await sidecar()
+    engines(client.url, "worker", "--rank", "0", "--step-ms", "20", env={"SIDECAR_PROBE_MAX_CAPTURE_S": "0.3"})
+    await wait_processes(client, 1)
+    capture_id = (await (await client.get("/profile/start", params={"steps": "50"})).json())["id"]
+    status = await wait_final(client, capture_id)
+    assert status["state"] == "partial", status
+    [proc] = status["processes"]
+    assert proc["state"] == "done" and 0 < proc["steps_recorded"] < 50
+    assert "SIDECAR_PROBE_MAX_CAPTURE_S" in status["reason"], status["reason"]
 
 
 async def test_retention_keeps_the_last_k(sidecar, engines, tmp_path):

@@ -76,7 +76,9 @@ class Stack:
 
     @property
     def trace_dir(self) -> Path:
-        return self.work_dir / "traces"
+        """The sidecar's --trace-dir and the engine's SIDECAR_TRACE_DIR: one root for both."""
+        given = self.env.get(config.ENV_TRACE_DIR)
+        return Path(given) if given else self.work_dir / "traces"
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -89,6 +91,8 @@ class Stack:
             config.ENV_ENDPOINT: self.sidecar_url,
             # Own token file: tests and demos never touch the user's real one.
             config.ENV_TOKEN_FILE: str(self.work_dir / "token"),
+            # The probes write their raw traces under the trace dir the sidecar is given.
+            config.ENV_TRACE_DIR: str(self.trace_dir),
         })
         if not self.plugin_enabled:
             env[config.ENV_DISABLE] = "1"

@@ -3,7 +3,10 @@
 probe.py     the per-process probe, on the engine's step path
 recorder.py  torch.profiler captures: ``StepCapture`` (N working steps), ``WindowCapture`` (API server)
 sync_tools.py  the hidden-sync scan and watch, built from the engine profile
-link.py      the websocket to the sidecar (typed messages, reconnecting)
+link.py      the websocket to the sidecar (the handshake: the sidecar proves the token first; typed
+             messages, reconnecting)
+trace_root.py  where a probe writes: only <its root>/captures/<id>/raw/
+limits.py    the probe's own limits on steps, duration and trace bytes
 """
 
 from .probe import Probe

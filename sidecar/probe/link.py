@@ -4,10 +4,17 @@ The engine never depends on the sidecar: if it is absent, killed or restarted, t
 backoff and the engine is never told. Nothing here runs on the engine's step path; messages the step
 thread wants to send are handed over with ``call_soon_threadsafe`` and encoded on the link thread.
 
-Every frame is a typed message (sidecar.protocol): the first one sent is the probe's ``Hello``; every
-frame received is decoded and validated in one call, and a malformed one is logged and dropped, never
-half-applied. A sidecar that refuses the hello (another protocol version: the reason names both)
-closes the connection with ``CLOSE_REFUSED`` and its reason, which is logged as a warning.
+Whatever listens on the sidecar's port is not trusted until it proves it knows the token: the link
+connects with no credentials, sends its ``Hello`` with a fresh nonce and waits for the ``Challenge``
+(sidecar/protocol.py, sidecar/auth.py). A server whose proof is wrong, or that answers anything else,
+is left at once: the link sends nothing more on that connection (no proof, heartbeat or report),
+acts on nothing it sent, warns once ("a port squatter?") and keeps reconnecting with backoff. Only
+after the proof checks out does it send its own ``Proof`` and serve: every frame received is then
+decoded and validated in one call, and a malformed one is logged and dropped, never half-applied. A
+sidecar that refuses the probe (another protocol version, a wrong proof: the reason says) closes the
+connection with ``CLOSE_REFUSED`` and its reason, which is logged as a warning. With no token at all
+the link does not connect; it says why once and looks for the token again at each retry (a sidecar
+started after the engine writes the token file).
 """
 
 from __future__ import annotations
@@ -19,29 +26,34 @@ from typing import Callable
 
 import aiohttp
 
-from .. import auth
-from ..protocol import CLOSE_REFUSED, PROBE_WS_PATH, FromSidecar, Heartbeat, Hello, ProtocolError, decode_from_sidecar, encode
+from .. import auth, config
+from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, PROTOCOL_VERSION, Challenge, FromSidecar, Heartbeat, Hello,
+                        ProcessIdentity, Proof, ProtocolError, decode_from_sidecar, encode)
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 5.0
+CHALLENGE_TIMEOUT_S = 10.0  # how long the server has to answer the hello
+MAX_MESSAGE_BYTES = 1 << 20
 
 
 class SidecarLink:
     def __init__(
         self,
         endpoint: str,
-        hello: Hello,
+        process: ProcessIdentity,
         on_message: Callable[[FromSidecar], None],
         on_disconnect: Callable[[], None],
         heartbeat: Callable[[], Heartbeat],
         token_provider: Callable[[], str | None] = auth.read_token,
         warmup: Callable[[], None] | None = None,
+        protocol: int = PROTOCOL_VERSION,
     ) -> None:
         self._url = endpoint.rstrip("/") + PROBE_WS_PATH
-        self._hello = encode(hello)
+        self._process = process
+        self._protocol = protocol
         self._on_message = on_message
         self._on_disconnect = on_disconnect
         self._heartbeat = heartbeat
@@ -51,9 +63,9 @@ class SidecarLink:
         self._main: asyncio.Task | None = None  # connect, serve, reconnect: until close()
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._stopping = False
-        self._refusal: str | None = None  # the last version refusal logged (reconnects repeat it)
+        self._said: dict[str, str] = {}  # the last warning of each kind (reconnects repeat them)
         self._thread = threading.Thread(target=self._run, name="inference-sidecar-link", daemon=True)
-        self.connected = threading.Event()
+        self.connected = threading.Event()  # the sidecar proved it knows the token; the probe serves it
 
     def start(self) -> None:
         self._thread.start()
@@ -123,24 +135,67 @@ class SidecarLink:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while not self._stopping:
                 token = self._token_provider()
-                headers = {"Authorization": f"Bearer {token}"} if token else {}
-                try:
-                    async with session.ws_connect(self._url, headers=headers, heartbeat=10) as ws:
-                        await ws.send_str(self._hello)
-                        self._ws = ws
-                        self.connected.set()
-                        backoff = BACKOFF_MIN_S
-                        await self._serve(ws)
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-                    if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403):
-                        log.warning("inference-sidecar: sidecar at %s refused this probe's token", self._url)
-                finally:
-                    if self._ws is not None:
-                        self._ws = None
-                        self.connected.clear()
-                        self._on_disconnect()
+                if not token:
+                    self._warn_once("no token", f"no token: neither ${config.ENV_TOKEN} nor the token file "
+                                    f"{config.token_file()} (written by a sidecar of this user when it starts); "
+                                    f"not connecting to {self._url} until there is one")
+                else:
+                    try:
+                        # No credentials on the wire: the handshake proves the token both ways.
+                        async with session.ws_connect(self._url, heartbeat=10, max_msg_size=MAX_MESSAGE_BYTES) as ws:
+                            if await self._handshake(ws, token):
+                                self._ws = ws
+                                self.connected.set()
+                                backoff = BACKOFF_MIN_S
+                                await self._serve(ws)
+                    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                        if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403):
+                            self._warn_once("http refusal", f"the server at {self._url} refused the websocket "
+                                            f"upgrade ({exc.status}): a sidecar older than protocol "
+                                            f"{PROTOCOL_VERSION}? Install one inference-sidecar version on both sides")
+                    finally:
+                        if self._ws is not None:
+                            self._ws = None
+                            self.connected.clear()
+                            self._on_disconnect()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _handshake(self, ws: aiohttp.ClientWebSocketResponse, token: str) -> bool:
+        """Hello, the server's challenge checked, then this probe's proof. False: the connection is
+        left, and nothing but the hello was sent on it."""
+        nonce = auth.new_nonce()
+        await ws.send_str(encode(Hello(protocol=self._protocol, process=self._process, nonce=nonce)))
+        try:
+            frame = await ws.receive(timeout=CHALLENGE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            frame = None  # no answer: no proof
+        if frame is not None and frame.type == aiohttp.WSMsgType.CLOSE:
+            self._closed_by_sidecar(frame.data, frame.extra)
+            return False
+        if frame is not None and frame.type in (aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED,
+                                                aiohttp.WSMsgType.ERROR):
+            return False  # the connection broke: nothing was proven either way
+        challenge = None
+        if frame is not None and frame.type == aiohttp.WSMsgType.TEXT:
+            try:
+                challenge = decode_from_sidecar(frame.data)
+            except ProtocolError:
+                pass
+        if not isinstance(challenge, Challenge) or not auth.sidecar_proof_ok(token, nonce, challenge.nonce,
+                                                                             challenge.proof):
+            await ws.close()
+            self._warn_once("squatter", f"the server at {self._url} did not prove it knows the token: not this "
+                            "host's sidecar (a port squatter?) or a sidecar with another token; sending it "
+                            "nothing, retrying")
+            return False
+        await ws.send_str(encode(Proof(proof=auth.probe_proof(token, challenge.nonce, nonce))))
+        return True
+
+    def _warn_once(self, kind: str, text: str) -> None:
+        """A warning the first time, debug while it repeats (the link retries for as long as it runs)."""
+        (log.debug if self._said.get(kind) == text else log.warning)("inference-sidecar: %s", text)
+        self._said[kind] = text
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         beat = asyncio.ensure_future(self._beat(ws))
@@ -159,6 +214,8 @@ class SidecarLink:
     def _deliver(self, frame: str) -> None:
         try:
             msg = decode_from_sidecar(frame)
+            if isinstance(msg, Challenge):
+                raise ProtocolError("a second challenge on the same connection")
         except ProtocolError as exc:
             log.warning("inference-sidecar: malformed message from the sidecar dropped: %s", exc)
             return
@@ -170,13 +227,10 @@ class SidecarLink:
     def _closed_by_sidecar(self, code, reason) -> None:
         if code != CLOSE_REFUSED:
             return
-        reason = f"the sidecar at {self._url} refused this probe: {reason or f'close code {code}'}"
+        # The reason is the server's text, shown as text (it may not be our sidecar's).
+        reason = "".join(c if c.isprintable() else "?" for c in str(reason or f"close code {code}"))
         # The link reconnects (the sidecar may be upgraded) and is refused again: say it once.
-        if reason != self._refusal:
-            self._refusal = reason
-            log.warning("inference-sidecar: %s", reason)
-        else:
-            log.debug("inference-sidecar: %s", reason)
+        self._warn_once("refused", f"the sidecar at {self._url} refused this probe: {reason}")
 
     async def _beat(self, ws) -> None:
         while not ws.closed:

@@ -5,6 +5,10 @@ of that profile, and call ``step_begin(has_work)`` before and ``step_end(did_wor
 engine step. While no job is armed each call is an attribute read and a comparison; the link thread
 puts a job (a ``StepCapture``, a ``SyncScan``) in its slot when the sidecar arms one, and the job's
 window (sidecar/step_window.py) decides what each step does.
+
+Messages reach it only from a sidecar that proved it knows the token (link.py). Even so the probe
+keeps its own rules: it writes only under its trace root (trace_root.py) and holds its own limits on
+steps, duration and bytes (limits.py), whatever a message asks.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ from ..protocol import (
     encode,
 )
 from . import sync_tools
+from .limits import ProbeLimits
 from .link import SidecarLink
 from .recorder import StepCapture, WindowCapture
+from .trace_root import TraceRoot
 from ..step_window import clip
 
 log = logging.getLogger(__name__)
@@ -65,19 +71,23 @@ class Probe:
         cuda_available: bool | None = None,
         on_capture_report: Callable[[CaptureReport], None] | None = None,
         sync_watch: Any = None,
+        trace_root: str | os.PathLike | None = None,
+        limits: ProbeLimits | None = None,
     ) -> None:
         """``role``: one of ``profile.roles`` (ValueError otherwise). ``loop``: the asyncio loop a
         process without steps records on (API server). ``on_capture_report``: also told of every
         report of such a window capture. ``sync_watch``: a ready ``SyncWatch`` instead of the one
-        SIDECAR_SYNC_WATCH asks for."""
+        SIDECAR_SYNC_WATCH asks for. ``trace_root``, ``limits``: instead of SIDECAR_TRACE_DIR and the
+        SIDECAR_PROBE_MAX_* variables."""
         if cuda_available is None:
             cuda_available = _cuda_available()
         self.profile = profile
         self.identity: ProcessIdentity = profile.identity(role, rank, cuda=cuda_available)
-        hello = Hello(protocol=PROTOCOL_VERSION, process=self.identity)
         # The sidecar refuses a hello it cannot decode and the link would retry it forever: check it
         # here, once, so a bad identity (a negative rank) fails the probe's start, loudly.
-        decode_hello(encode(hello))
+        decode_hello(encode(Hello(protocol=PROTOCOL_VERSION, process=self.identity, nonce="0" * 64)))
+        self.trace_root = TraceRoot(trace_root if trace_root is not None else config.trace_dir())
+        self.limits = limits if limits is not None else ProbeLimits.from_environment()
         self.steps = 0  # forward steps since start (steps with work)
         self._capture: StepCapture | None = None
         self._scan = None  # a sidecar.syncs.SyncScan while a hidden-sync scan runs
@@ -94,7 +104,7 @@ class Probe:
         self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-sidecar-export")
         self._link = SidecarLink(
             endpoint or config.endpoint(),
-            hello,
+            self.identity,
             on_message=self._on_message,
             on_disconnect=self._on_disconnect,
             heartbeat=self._heartbeat,
@@ -181,29 +191,44 @@ class Probe:
             self._link.send(CaptureReport(job_id=spec.id, state=P_FAILED,
                                           error=f"capture {current.spec.id} still running here"))
             return
-        path = os.path.join(spec.out_dir, self.identity.file_stem + ".json")
+        problem = self.limits.steps_problem(spec.steps)
+        if problem is None and not self.identity.step_driven and self._loop is None:
+            problem = "no event loop known in this process yet"
+        if problem is None:
+            try:  # the probe's own root, never a path from the message
+                path = self.trace_root.capture_file(spec.id, self.identity.file_stem)
+            except (ValueError, OSError) as exc:
+                problem = f"cannot write a trace here: {exc}"
+        if problem is not None:
+            log.warning("inference-sidecar: capture %s refused: %s", spec.id, problem)
+            self._link.send(CaptureReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
+            return
         if self.identity.step_driven:
-            capture = StepCapture(spec, path, self._link.send, self._exporter, self.identity.cuda)
+            capture = StepCapture(spec, path, self._link.send, self._exporter, self.identity.cuda, self.limits)
             self._capture = capture
             capture.report_armed(self.steps)
-        elif self._loop is not None:
-            capture = WindowCapture(spec, path, self._report_window, self._exporter, self._loop, self.identity.cuda)
+        else:
+            capture = WindowCapture(spec, path, self._report_window, self._exporter, self._loop, self.identity.cuda,
+                                    self.limits)
             self._capture = capture
             capture.start_window()
-        else:
-            self._link.send(CaptureReport(job_id=spec.id, state=P_FAILED,
-                                          error="no event loop known in this process yet"))
 
     def _arm_scan(self, spec: SyncSpec) -> None:
         current = self._scan
         if current is not None and not current.finished:
             self._link.send(SyncReport(job_id=spec.id, state=P_FAILED, error=f"scan {current.spec.id} still running here"))
             return
+        problem = self.limits.steps_problem(spec.steps)
+        if problem is not None:
+            log.warning("inference-sidecar: scan %s refused: %s", spec.id, problem)
+            self._link.send(SyncReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
+            return
         try:
             scan = sync_tools.new_scan(spec, self._link.send, self.profile)
         except Exception as exc:
             self._link.send(SyncReport(job_id=spec.id, state=P_FAILED, error=clip(f"cannot start a scan here: {exc}")))
             return
+        scan.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
         self._scan = scan
         scan.report_armed(self.steps)
 

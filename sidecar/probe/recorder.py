@@ -16,6 +16,11 @@ Export (``export_chrome_trace`` to plain JSON) runs on a separate thread. It sti
 while Kineto serialises (about 1.3 µs per event, measured), so compression and merging are left to
 the sidecar process; see docs/architecture.md.
 
+The probe's own limits (``ProbeLimits``) hold whatever the sidecar asked: the window closes after
+``max_capture_s`` (sidecar/step_window.py; the API server's window on its event loop), and an
+exported file over ``max_trace_mb`` is deleted and reported failed. The file's folder must still be
+the one the probe chose at ``arm`` when the export writes it (sidecar/probe/trace_root.py).
+
 Reports go out as ``CaptureReport`` structs (sidecar.protocol).
 """
 
@@ -27,7 +32,9 @@ from concurrent.futures import Executor
 from typing import Any, Callable
 
 from ..protocol import P_CAPTURING, P_DONE, P_EXPORTING, CaptureReport, CaptureSpec
-from ..step_window import FINISHED, StepWindow
+from ..step_window import FINISHED, RECORDING, StepWindow
+from .limits import ProbeLimits
+from .trace_root import discard
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +73,20 @@ class StepCapture(StepWindow):
         report: Report,
         exporter: Executor,
         cuda_available: bool = False,
+        limits: ProbeLimits | None = None,
     ) -> None:
         super().__init__(spec.steps)
         self.spec = spec
         self.trace_path = trace_path
+        # Resolved now, checked again before the export writes: the folder cannot be swapped for a
+        # link to elsewhere in between.
+        self._trace_dir = os.path.realpath(os.path.dirname(trace_path))
         self._report = report
         self._exporter = exporter
         self._cuda = cuda_available
+        self._limits = limits
+        if limits is not None:
+            self.limit_time(limits.max_capture_s, limits.duration_reason)
         self._prof = None
 
     def abandon(self, error: str) -> None:
@@ -110,12 +124,21 @@ class StepCapture(StepWindow):
     # -- the export thread -------------------------------------------------------------------------
     def _export(self, prof) -> None:
         try:
-            os.makedirs(os.path.dirname(self.trace_path), exist_ok=True)
+            folder = os.path.dirname(self.trace_path)
+            os.makedirs(folder, exist_ok=True)
+            if os.path.realpath(folder) != self._trace_dir:
+                raise OSError(f"{folder} no longer resolves to {self._trace_dir}")
             prof.export_chrome_trace(self.trace_path)
             size = os.path.getsize(self.trace_path)
         except Exception as exc:
             log.warning("inference-sidecar: trace export failed: %s", exc)
             self._fail(f"trace export failed: {exc}")
+            return
+        problem = self._limits.trace_problem(size) if self._limits is not None else None
+        if problem is not None:
+            discard(self.trace_path)
+            log.warning("inference-sidecar: capture %s: %s", self.spec.id, problem)
+            self._fail(problem)
             return
         self._report_state(P_DONE, file=self.trace_path, bytes=size)
 
@@ -133,14 +156,25 @@ class WindowCapture(StepCapture):
     thread, the thread whose work is worth recording.
     """
 
-    def __init__(self, spec, trace_path, report, exporter, loop, cuda_available=False) -> None:
-        super().__init__(spec, trace_path, report, exporter, cuda_available)
+    def __init__(self, spec, trace_path, report, exporter, loop, cuda_available=False, limits=None) -> None:
+        super().__init__(spec, trace_path, report, exporter, cuda_available, limits)
         self._loop = loop
 
     def start_window(self) -> None:
-        self._loop.call_soon_threadsafe(self._open, None)
+        self._loop.call_soon_threadsafe(self._open_window)
+
+    def _open_window(self) -> None:
+        if self._open(None) and self._time_limit is not None:
+            seconds, reason = self._time_limit
+            self._loop.call_later(seconds, self._time_up, reason)
+
+    def _time_up(self, reason: str) -> None:
+        if self.state == RECORDING:
+            self._stop_reason = reason
+            self._close()
 
     def request_stop(self, reason: str) -> bool:
-        self._stop_reason = reason
+        if self.state != FINISHED:  # a window the time limit closed keeps that reason
+            self._stop_reason = reason
         self._loop.call_soon_threadsafe(self._close)
         return False

@@ -31,7 +31,7 @@ from .sync_findings import SyncFindings, WatchCollector
 __all__ = ["ServiceSettings", "make_app"]
 
 # Paths the HTTP token does not guard: the health check needs none; the probe channel and the
-# metrics push carry the probe token, checked by their own handlers.
+# metrics push never carry the token: their handlers check a proof of it (an HMAC, sidecar/auth.py).
 _OPEN_PATHS = ("/healthz", PROBE_WS_PATH, METRICS_PUSH_PATH)
 
 

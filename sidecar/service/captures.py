@@ -1,9 +1,10 @@
 """Captures: N working steps of every selected engine process with torch.profiler, merged into one trace.
 
 What is a capture's own, on top of the shared life cycle (job_manager.py): its directory
-(``<trace-dir>/captures/<id>/``, the probes write into ``raw/``), the stop of the API server's window
-once the step-driven processes have finished, the compression, merge and analysis on the export
-executor (merge.py), and ``capture.json`` beside the files.
+(``<trace-dir>/captures/<id>/``; each probe writes its raw trace under its own trace root, in
+``<root>/captures/<id>/raw/``, and reports the path), the stop of the API server's window once the
+step-driven processes have finished, the compression, merge and analysis on the export executor
+(merge.py, which takes the raw files and removes them), and ``capture.json`` beside the files.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False, kw_only=True)
 class CaptureProcess(ProcessRun):
-    raw_file: str | None = None  # the probe's plain JSON in raw/, until the export
+    raw_file: str | None = None  # the probe's plain JSON in <its trace root>/captures/<id>/raw/, until the export
     file: str | None = None  # the compressed per-process trace, after it
     bytes: int = 0
 
@@ -50,14 +51,10 @@ class Capture(Job):
     summary_file: str | None = None
     window_stop_sent: bool = False
 
-    @property
-    def raw_dir(self) -> Path:
-        return self.dir / merge.RAW_DIR
-
     def spec(self) -> CaptureSpec:
         r = self.request
         return CaptureSpec(
-            id=self.id, steps=r.steps, out_dir=str(self.raw_dir), activities=r.activities,
+            id=self.id, steps=r.steps, activities=r.activities,
             record_shapes=r.record_shapes, with_stack=r.with_stack, profile_memory=r.profile_memory,
             with_flops=r.with_flops,
         )
@@ -102,7 +99,7 @@ class CaptureManager(JobManager[Capture]):
             id=capture_id, request=request, dir=self._trace_dir / "captures" / capture_id,
             processes=[CaptureProcess(conn=c, identity=c.identity) for c in chosen],
         )
-        capture.raw_dir.mkdir(parents=True, exist_ok=True)
+        capture.dir.mkdir(parents=True, exist_ok=True)
         return capture
 
     def _arm_message(self, capture: Capture) -> Arm:

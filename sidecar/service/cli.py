@@ -16,7 +16,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="run the sidecar HTTP service beside an engine")
     p.add_argument("--host", default=config.DEFAULT_HOST, help="address to bind (default %(default)s)")
     p.add_argument("--port", type=int, default=config.DEFAULT_PORT, help="port (default %(default)s)")
-    p.add_argument("--trace-dir", type=Path, default=Path("traces"), help="where captures are written (default ./traces)")
+    shared = os.environ.get(config.ENV_TRACE_DIR, "").strip()
+    p.add_argument("--trace-dir", type=Path, default=Path(shared or "traces"),
+                   help=f"where captures are written (default ${config.ENV_TRACE_DIR} when set, the engine's probes "
+                        "write under it too; else ./traces)")
     p.add_argument("--token", default=None, help=f"bearer token for the HTTP API and probes (or ${config.ENV_TOKEN}); required when --host is not loopback")
     p.add_argument("--max-steps", type=int, default=config.DEFAULT_MAX_STEPS, help="largest steps= accepted (default %(default)s)")
     p.add_argument("--max-capture-mb", type=int, default=config.DEFAULT_MAX_CAPTURE_MB, help="size limit of one capture's traces (default %(default)s MiB)")

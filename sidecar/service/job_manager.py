@@ -184,6 +184,8 @@ class JobManager(Generic[J]):
                         self.kind.name, job.id, rec.label, report.state, rec.state)
             return
         rec.steps_recorded = report.steps_recorded
+        if report.stop_reason:
+            rec.stop_reason = report.stop_reason
         if report.state == P_ARMED:
             self._on_armed(job, rec, report)
         elif report.state != rec.state:

@@ -77,6 +77,7 @@ class ProcessRun:
     steps_seen: int | None = None  # the process's working-step count when it was armed
     first_step: int | None = None  # the working step it started recording at
     error: str | None = None
+    stop_reason: str | None = None  # why the probe ended early, as it reported (its own limit, say)
 
     # The identity's fields, by the names the merge and the JSON use.
     @property
@@ -159,7 +160,8 @@ def verdict(job: Job, problems: list[str], *, has_result: bool) -> tuple[str, st
         if rec.state != P_DONE:
             reasons.append(f"{rec.label}: {rec.error or rec.state}")
         elif rec.step_driven and rec.steps_recorded < job.request.steps:
-            reasons.append(f"{rec.label}: {job.kind.recorded} {rec.steps_recorded} of {job.request.steps} steps")
+            why = f" ({rec.stop_reason})" if rec.stop_reason and rec.stop_reason != job.stop_reason else ""
+            reasons.append(f"{rec.label}: {job.kind.recorded} {rec.steps_recorded} of {job.request.steps} steps{why}")
     reason = "; ".join(dict.fromkeys(reasons)) or None
     if not has_result:
         return st.FAILED, reason or "no engine step was recorded"

@@ -37,7 +37,7 @@ from ..protocol import P_DONE
 
 log = logging.getLogger(__name__)
 
-RAW_DIR = "raw"  # <capture dir>/raw/: where the probes write their plain JSON traces
+RAW_DIR = "raw"  # <a probe's trace root>/captures/<id>/raw/: where the probes write their plain JSON traces
 MERGED_NAME = "trace.json.gz"
 SUMMARY_NAME = "summary.json"
 PROCESS_TRACE_SUFFIX = ".pt.trace.json.gz"  # the suffix TensorBoard's profiler plugin looks for
@@ -98,10 +98,21 @@ def check_trace(rec: Any, path: Path) -> RawTrace:
     return RawTrace(rec, path, top.members)
 
 
+def raw_trace_path(capture_dir: Path, raw_file: str) -> Path | None:
+    """The raw trace a probe reported, resolved, if it is one of this capture's: a ``.json`` file in a
+    folder ``raw`` of a folder named after the capture (``<trace root>/captures/<id>/raw/``, under the
+    sidecar's trace dir or the probe's own root). None for any other path: never read nor deleted."""
+    raw = Path(raw_file).resolve()
+    if raw.suffix != ".json" or raw.parent.name != RAW_DIR or raw.parent.parent.name != capture_dir.name:
+        return None
+    return raw if raw.is_file() else None
+
+
 def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) -> FinalizeResult:
-    """Compress, merge and analyse the raw traces of the finished processes in ``records``."""
+    """Compress, merge and analyse the raw traces of the finished processes in ``records``; then
+    delete them and the folders they leave empty."""
     result = FinalizeResult()
-    raw_dir = (capture_dir / RAW_DIR).resolve()
+    taken: list[Path] = []  # this capture's raw files: deleted at the end, whatever happens
     kept = []
     total = 0
     # Ranked processes (the GPU workers) first: if the size limit bites, the GPU-side story is what
@@ -109,15 +120,15 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
     for rec in sorted(records, key=lambda r: (r.rank is None, r.sort_key)):
         if rec.state != P_DONE or not rec.raw_file:
             continue
-        raw = Path(rec.raw_file).resolve()
-        if raw.parent != raw_dir or not raw.is_file():
-            result.processes[rec.stem] = ProcessOutcome(error="trace file missing or outside the capture directory")
+        raw = raw_trace_path(capture_dir, rec.raw_file)
+        if raw is None:
+            result.processes[rec.stem] = ProcessOutcome(error="trace file missing or outside the capture's raw folder")
             continue
+        taken.append(raw)
         size = raw.stat().st_size
         if total + size > max_bytes:
             result.processes[rec.stem] = ProcessOutcome(error=f"dropped: capture size limit of {max_bytes // 2**20} MiB reached")
             result.problems.append(f"size limit of {max_bytes // 2**20} MiB reached")
-            raw.unlink(missing_ok=True)
             continue
         total += size
         kept.append((rec, raw))
@@ -144,10 +155,28 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
             write_merged(merged, traces)
             result.trace_file, result.trace_bytes = MERGED_NAME, merged.stat().st_size
     finally:
-        shutil.rmtree(raw_dir, ignore_errors=True)
+        remove_raw(capture_dir, taken)
     if result.trace_file:
         result.summary_file, result.headline = _analyse(capture_dir, capture_dir / MERGED_NAME)
     return result
+
+
+def remove_raw(capture_dir: Path, files: Iterable[Path]) -> None:
+    """Delete this capture's raw files, its own ``raw/`` folder, and in a probe's own trace root the
+    ``raw/`` and ``<id>/`` folders they leave empty (never a folder with anything else in it)."""
+    folders = set()
+    for path in files:
+        path.unlink(missing_ok=True)
+        folders.add(path.parent)
+    shutil.rmtree(capture_dir / RAW_DIR, ignore_errors=True)
+    for raw_dir in folders:
+        for folder in (raw_dir, raw_dir.parent):
+            if folder == capture_dir.resolve():
+                break
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, gone already, or not ours to remove
+                break
 
 
 def write_merged(path: Path, traces: list[RawTrace]) -> None:

@@ -7,6 +7,11 @@ the way the OpenTelemetry Prometheus exporter translates them (``otlp_translatio
 ``otel_scope_*``; a ``target_info`` per process), each series labelled with its process
 (``metrics_store.py``), followed by the sidecar's own metrics (``capture_metrics.py``).
 
+Pushes are signed, not given the token (sidecar/auth.py): ``X-Sidecar-Timestamp`` (unix seconds,
+within ``PUSH_MAX_SKEW_S`` of the sidecar's clock) and ``X-Sidecar-Signature`` (HMAC-SHA256 of the
+timestamp and the body's SHA-256). A push without a valid signature, or one already received, is
+``401`` JSON.
+
 The registry is per app (no global registry); the sidecar's own capture counters live in it too.
 """
 
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import time
+from collections import OrderedDict
 
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -40,16 +47,54 @@ CAPTURE_METRICS = web.AppKey("capture_metrics", CaptureMetrics)
 PUSH_TOKEN = web.AppKey("metrics_push_token", str)
 
 
+class SeenSignatures:
+    """Signatures of the pushes accepted in the last two skew windows: the same push twice is a
+    replay. Only valid signatures enter, so its size follows the engine's own pushes."""
+
+    MAX = 100_000
+
+    def __init__(self, keep_s: float = 2 * auth.PUSH_MAX_SKEW_S) -> None:
+        self._keep_s = keep_s
+        self._seen: "OrderedDict[str, float]" = OrderedDict()
+
+    def add(self, signature: str, now: float) -> bool:
+        """False: seen before."""
+        while self._seen and (next(iter(self._seen.values())) < now - self._keep_s or len(self._seen) >= self.MAX):
+            self._seen.popitem(last=False)
+        if signature in self._seen:
+            return False
+        self._seen[signature] = now
+        return True
+
+
+SEEN_SIGNATURES = web.AppKey("metrics_seen_signatures", SeenSignatures)
+
+
+def _unauthorized(why: str) -> web.Response:
+    return web.json_response({"error": "unauthorized", "message": f"a validly signed push is required: {why}"},
+                             status=401)
+
+
 async def receive_metrics(request: web.Request) -> web.Response:
     token = request.app.get(PUSH_TOKEN)
-    if token and not auth.bearer_matches(request.headers.get("Authorization"), token):
-        return web.json_response({"error": "unauthorized", "message": "a valid bearer token is required"}, status=401)
-    if request.content_type != PROTOBUF:
-        return web.json_response({"error": "unsupported_media_type",
-                                  "message": f"send OTLP/HTTP metrics as {PROTOBUF}"}, status=415)
+    now = time.time()
+    stamp, signature = request.headers.get(auth.TIMESTAMP_HEADER), request.headers.get(auth.SIGNATURE_HEADER)
+    if token:  # the checks that need no body first
+        problem = auth.push_header_problem(stamp, signature, now)
+        if problem is not None:
+            return _unauthorized(problem)
     if (request.content_length or 0) > MAX_BODY_BYTES:
         return web.json_response({"error": "too_large", "message": f"body over {MAX_BODY_BYTES} bytes"}, status=413)
     body = await request.read()
+    if token:
+        problem = auth.push_signature_problem(token, stamp, signature, body, now)
+        if problem is None and not request.app[SEEN_SIGNATURES].add(signature, now):
+            problem = "this push was received before (a replay)"
+        if problem is not None:
+            return _unauthorized(problem)
+    if request.content_type != PROTOBUF:
+        return web.json_response({"error": "unsupported_media_type",
+                                  "message": f"send OTLP/HTTP metrics as {PROTOBUF}"}, status=415)
     try:
         if request.headers.get("Content-Encoding", "").lower() == "gzip":
             with gzip.GzipFile(fileobj=io.BytesIO(body)) as fh:
@@ -80,5 +125,6 @@ def add_metrics_routes(app: web.Application, *, push_token: str | None = None,
     app[CAPTURE_METRICS] = CaptureMetrics(registry)
     if push_token:
         app[PUSH_TOKEN] = push_token
+        app[SEEN_SIGNATURES] = SeenSignatures()
     app.router.add_post(METRICS_PUSH_PATH, receive_metrics)
     app.router.add_get(SCRAPE_PATH, scrape)

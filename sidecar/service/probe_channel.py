@@ -1,8 +1,12 @@
 """The probe channel (``PROBE_WS_PATH``): one websocket per engine process.
 
-The probe token is checked before the upgrade. The first frame must be the probe's ``Hello``: a probe
-of another protocol version, or any other bad hello, is refused with close code 4400 and the reason
-(logged in full, naming both versions). Every later frame is decoded and validated as a whole
+No credentials travel: the upgrade is open to anyone, and the handshake proves the token both ways
+(sidecar/auth.py, docs/api.md "Probe authentication"). The first frame must be the probe's ``Hello``
+(with its nonce): a probe of another protocol version, or any other bad hello, is refused with close
+code 4400 and the reason (logged in full, naming both versions). The sidecar answers ``Challenge``: its
+own nonce and its proof that it knows the token. The next frame must be the probe's ``Proof``; anything
+else, or a wrong proof, is refused with 4400 and logged, and only a probe whose proof checks out is
+registered and sent anything more. Every later frame is decoded and validated as a whole
 (``protocol.decode_from_probe``) before anything of it is applied; a malformed one is logged and
 dropped, and the connection goes on. Heartbeats update the process's step count and sync watch;
 job reports go to the job board, which routes them by job id.
@@ -17,16 +21,15 @@ import time
 from aiohttp import WSMsgType, web
 
 from .. import auth
-from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, CaptureReport, Heartbeat, Hello, ProtocolError, ProtocolVersionError,
-                        SyncReport, decode_from_probe, decode_hello)
+from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, CaptureReport, Challenge, Heartbeat, Hello, Proof, ProtocolError,
+                        ProtocolVersionError, SyncReport, decode_from_probe, decode_hello, encode)
 from .job_board import JobBoard
 from .keys import JOBS, REGISTRY, SETTINGS
 from .registry import ProbeConnection
-from .responses import json_error
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = 10.0  # for the hello, then for the proof
 MAX_CLOSE_REASON = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
 MAX_MESSAGE_BYTES = 1 << 20
 
@@ -38,12 +41,12 @@ def close_reason(text: str) -> bytes:
 
 async def probe_ws(request: web.Request) -> web.StreamResponse:
     app = request.app
-    if not auth.bearer_matches(request.headers.get("Authorization"), app[SETTINGS].probe_token):
-        return json_error(401, "unauthorized", "probe token missing or wrong")
     ws = web.WebSocketResponse(heartbeat=10, max_msg_size=MAX_MESSAGE_BYTES)
     await ws.prepare(request)
     hello = await _receive_hello(ws, request.remote)
     if hello is None:
+        return ws
+    if not await _authenticate(ws, hello, app[SETTINGS].probe_token, request.remote):
         return ws
     conn = app[REGISTRY].add(hello.process, ws)
     log.info("probe connected: %s", conn.identity.label)
@@ -77,6 +80,35 @@ async def _receive_hello(ws: web.WebSocketResponse, peer: str | None) -> Hello |
     return None
 
 
+async def _authenticate(ws: web.WebSocketResponse, hello: Hello, token: str, peer: str | None) -> bool:
+    """Prove the token to the probe, then check the probe's proof. False: refused and closed."""
+    nonce = auth.new_nonce()
+    await ws.send_str(encode(Challenge(nonce=nonce, proof=auth.sidecar_proof(token, hello.nonce, nonce))))
+    reason = "no proof"
+    try:
+        frame = await ws.receive(timeout=HELLO_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        reason = f"no proof within {HELLO_TIMEOUT_S:g} s"
+    else:
+        if frame.type != WSMsgType.TEXT:  # closed or broken: nothing to refuse
+            log.info("probe %r at %s left before its proof (one with another token leaves at the sidecar's)",
+                     hello.process.label, peer)
+            return False
+        try:
+            msg = decode_from_probe(frame.data)
+        except ProtocolError as exc:
+            msg, reason = None, f"bad proof: {exc}"
+        if isinstance(msg, Proof):
+            if auth.probe_proof_ok(token, nonce, hello.nonce, msg.proof):
+                return True
+            reason = "wrong proof: this probe does not know the sidecar's token"
+        elif msg is not None:
+            reason = f"expected the probe's proof, got {type(msg).__name__}"
+    log.warning("probe %r at %s refused: %s", hello.process.label, peer, reason)
+    await ws.close(code=CLOSE_REFUSED, message=close_reason(reason))
+    return False
+
+
 async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, jobs: JobBoard) -> None:
     dropped = 0
     async for frame in ws:
@@ -84,8 +116,8 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, jobs: JobBoar
             break
         try:
             msg = decode_from_probe(frame.data)
-            if isinstance(msg, Hello):
-                raise ProtocolError("a second hello on the same connection")
+            if isinstance(msg, (Hello, Proof)):
+                raise ProtocolError(f"a second {type(msg).__name__.lower()} on the same connection")
         except ProtocolError as exc:
             dropped += 1
             # A probe that sends one bad frame likely sends many: warn once, count the rest.

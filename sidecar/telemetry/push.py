@@ -7,11 +7,17 @@ A MetricExporter with a short timeout and no retries: the next push carries the 
 values, so a lost one costs nothing. It runs on the metric reader's thread, never on the engine's
 step path. The token is read on every push, so a sidecar started after the engine is picked up.
 An unreachable sidecar is logged once, and once more when it is reachable again.
+
+The token is never sent: each push is signed (``X-Sidecar-Timestamp``, ``X-Sidecar-Signature`` =
+HMAC-SHA256 of the timestamp and the body's SHA-256, sidecar/auth.py), so whatever listens on the
+sidecar's port learns nothing it could use for another body or, after a minute, at all. Without a
+token the push goes unsigned (a sidecar always has one, and refuses it).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import urllib.error
 import urllib.request
 from typing import Callable
@@ -57,7 +63,7 @@ class SidecarMetricExporter(MetricExporter):
         headers = {"Content-Type": "application/x-protobuf"}
         token = self._token_provider()
         if token:
-            headers["Authorization"] = f"Bearer {token}"
+            headers.update(auth.push_headers(token, body, time.time()))
         request = urllib.request.Request(self._url, data=body, headers=headers, method="POST")
         try:
             with self._opener.open(request, timeout=min(self._timeout, timeout_millis / 1000)) as response:

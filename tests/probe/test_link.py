@@ -1,5 +1,6 @@
-"""The probe's link against a stand-in sidecar (an aiohttp websocket server in the test's loop):
-the hello, typed frames both ways, malformed frames dropped, a version refusal logged."""
+"""The probe's link against a stand-in sidecar (an aiohttp websocket server in the test's loop that
+knows the token and does the handshake): the hello, typed frames both ways, malformed frames
+dropped, a version refusal logged."""
 
 from __future__ import annotations
 
@@ -12,21 +13,24 @@ import threading
 import pytest
 from aiohttp import web
 
+from sidecar import auth
 from sidecar.engine import GENERIC
 from sidecar.probe.link import CLOSE_REFUSED, SidecarLink
 from sidecar.protocol import (
     PROBE_WS_PATH,
     PROTOCOL_VERSION,
     Begin,
+    Challenge,
     Heartbeat,
-    Hello,
+    Proof,
     Stop,
     decode_from_probe,
     decode_hello,
     encode,
 )
 
-HELLO = Hello(protocol=PROTOCOL_VERSION, process=GENERIC.identity("worker", 0, pid=os.getpid(), host="test"))
+PROCESS = GENERIC.identity("worker", 0, pid=os.getpid(), host="test")
+TOKEN = "link-token"
 
 
 class StandIn:
@@ -36,6 +40,15 @@ class StandIn:
         self.script = script
         self.frames: list[str] = []
         self.connections = 0
+
+    async def handshake(self, ws):
+        """The sidecar's side: the hello, its challenge, the probe's proof checked."""
+        hello = decode_hello(await self.receive(ws))
+        assert hello.process == PROCESS
+        nonce = auth.new_nonce()
+        await ws.send_str(encode(Challenge(nonce=nonce, proof=auth.sidecar_proof(TOKEN, hello.nonce, nonce))))
+        proof = decode_from_probe(await self.receive(ws))
+        assert isinstance(proof, Proof) and auth.probe_proof_ok(TOKEN, nonce, hello.nonce, proof.proof)
 
     async def handle(self, request):
         ws = web.WebSocketResponse()
@@ -78,8 +91,8 @@ def make_link(endpoint, received, heartbeat=lambda: Heartbeat(steps=7)):
         received.append(msg)
         got.set()
 
-    link = SidecarLink(endpoint, HELLO, on_message=on_message, on_disconnect=lambda: None,
-                       heartbeat=heartbeat, token_provider=lambda: None)
+    link = SidecarLink(endpoint, PROCESS, on_message=on_message, on_disconnect=lambda: None,
+                       heartbeat=heartbeat, token_provider=lambda: TOKEN)
     return link, got
 
 
@@ -89,9 +102,9 @@ async def wait_for(event: threading.Event, timeout=10.0) -> bool:
 
 async def test_hello_first_then_typed_frames_and_malformed_ones_dropped(serve, caplog):
     async def script(stand_in, ws):
-        assert decode_hello(await stand_in.receive(ws)) == HELLO
+        await stand_in.handshake(ws)
         await ws.send_str("not json")
-        await ws.send_str('{"type": "arm", "spec": {"id": "c1", "steps": 0, "out_dir": "/tmp"}}')  # steps >= 1
+        await ws.send_str('{"type": "arm", "spec": {"id": "c1", "steps": 0}}')  # steps >= 1
         await ws.send_str('{"type": "begin", "job_id": "c1"}')  # no start_step
         await ws.send_str('{"type": "launch", "job_id": "c1"}')  # no such message
         await ws.send_str(encode(Begin(job_id="c1", start_step=12)))
@@ -112,7 +125,7 @@ async def test_hello_first_then_typed_frames_and_malformed_ones_dropped(serve, c
                 await asyncio.sleep(0.05)
             link.send(Stop(job_id="c1", reason="echo"))  # any struct goes out as its JSON
             for _ in range(100):
-                if len(stand_in.frames) == 2:
+                if len(stand_in.frames) == 3:
                     break
                 await asyncio.sleep(0.05)
         finally:
@@ -120,14 +133,14 @@ async def test_hello_first_then_typed_frames_and_malformed_ones_dropped(serve, c
     assert received == [Begin(job_id="c1", start_step=12), Stop(job_id="c1", reason="timeout")]
     dropped = [r for r in caplog.records if "malformed message from the sidecar dropped" in r.getMessage()]
     assert len(dropped) == 4
-    assert stand_in.frames[1] == encode(Stop(job_id="c1", reason="echo"))
+    assert stand_in.frames[2] == encode(Stop(job_id="c1", reason="echo"))
 
 
 async def test_heartbeats_are_typed_frames(serve, monkeypatch):
     monkeypatch.setattr("sidecar.probe.link.HEARTBEAT_S", 0.05)
 
     async def script(stand_in, ws):
-        await stand_in.receive(ws)
+        await stand_in.handshake(ws)
         await stand_in.receive(ws)
         await ws.close()
 
@@ -136,12 +149,12 @@ async def test_heartbeats_are_typed_frames(serve, monkeypatch):
     link.start()
     try:
         for _ in range(100):
-            if len(stand_in.frames) >= 2:
+            if len(stand_in.frames) >= 3:
                 break
             await asyncio.sleep(0.05)
     finally:
         await asyncio.to_thread(link.close)
-    assert decode_from_probe(stand_in.frames[1]) == Heartbeat(steps=7)
+    assert decode_from_probe(stand_in.frames[2]) == Heartbeat(steps=7)
 
 
 async def test_a_version_refusal_is_logged_once_with_the_sidecars_words(serve, caplog):
@@ -169,7 +182,7 @@ async def test_a_version_refusal_is_logged_once_with_the_sidecars_words(serve, c
 
 async def test_an_ordinary_close_is_not_a_version_refusal(serve, caplog):
     async def script(stand_in, ws):
-        await stand_in.receive(ws)
+        await stand_in.handshake(ws)
         await ws.close(code=1001, message=b"going away")
 
     stand_in, endpoint = await serve(script)
@@ -196,9 +209,8 @@ async def test_against_the_real_sidecar_a_probe_of_another_version_is_told_both_
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
-    old = Hello(protocol=PROTOCOL_VERSION - 1, process=HELLO.process)
-    link = SidecarLink(f"http://127.0.0.1:{port}", old, on_message=lambda m: None, on_disconnect=lambda: None,
-                       heartbeat=lambda: Heartbeat(steps=0), token_provider=lambda: "t")
+    link = SidecarLink(f"http://127.0.0.1:{port}", PROCESS, on_message=lambda m: None, on_disconnect=lambda: None,
+                       heartbeat=lambda: Heartbeat(steps=0), token_provider=lambda: "t", protocol=PROTOCOL_VERSION - 1)
     try:
         with caplog.at_level(logging.WARNING, logger="sidecar.probe.link"):
             link.start()

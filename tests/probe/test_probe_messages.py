@@ -71,7 +71,7 @@ def test_identity_and_hello_come_from_the_profile():
 def test_arm_answers_armed_with_the_step_count_and_begin_starts_at_the_common_step(tmp_path):
     probe, sent = make_probe()
     steps(probe, 3)
-    probe._on_message(Arm(spec=CaptureSpec(id="c1", steps=2, out_dir=str(tmp_path))))
+    probe._on_message(Arm(spec=CaptureSpec(id="c1", steps=2)))
     assert sent == [CaptureReport(job_id="c1", state="armed", steps_seen=3)]
     steps(probe, 2)  # armed, not begun: nothing is recorded
     assert probe._capture.state == "armed"
@@ -89,7 +89,7 @@ def test_arm_answers_armed_with_the_step_count_and_begin_starts_at_the_common_st
 
 def test_stop_goes_to_the_job_with_that_id(tmp_path):
     probe, sent = make_probe()
-    probe._on_message(Arm(spec=CaptureSpec(id="c2", steps=5, out_dir=str(tmp_path))))
+    probe._on_message(Arm(spec=CaptureSpec(id="c2", steps=5)))
     probe._on_message(SyncArm(spec=SyncSpec(id="s2", steps=5)))
     assert [(type(m), m.state, m.steps_seen) for m in sent] == [(CaptureReport, "armed", 0), (SyncReport, "armed", 0)]
     probe._on_message(Stop(job_id="s2", reason="stopped by request"))
@@ -103,8 +103,8 @@ def test_stop_goes_to_the_job_with_that_id(tmp_path):
 
 def test_a_second_job_of_a_kind_is_refused_while_one_runs(tmp_path):
     probe, sent = make_probe()
-    probe._on_message(Arm(spec=CaptureSpec(id="c3", steps=1, out_dir=str(tmp_path))))
-    probe._on_message(Arm(spec=CaptureSpec(id="c4", steps=1, out_dir=str(tmp_path))))
+    probe._on_message(Arm(spec=CaptureSpec(id="c3", steps=1)))
+    probe._on_message(Arm(spec=CaptureSpec(id="c4", steps=1)))
     probe._on_message(SyncArm(spec=SyncSpec(id="s3", steps=1)))
     probe._on_message(SyncArm(spec=SyncSpec(id="s4", steps=1)))
     assert [(m.job_id, m.state, m.error) for m in sent] == [
@@ -115,7 +115,7 @@ def test_a_second_job_of_a_kind_is_refused_while_one_runs(tmp_path):
 
 def test_a_process_without_steps_or_loop_refuses_a_capture(tmp_path):
     probe, sent = make_probe("api_server", None)
-    probe._on_message(Arm(spec=CaptureSpec(id="c5", steps=1, out_dir=str(tmp_path))))
+    probe._on_message(Arm(spec=CaptureSpec(id="c5", steps=1)))
     assert sent == [CaptureReport(job_id="c5", state="failed", error="no event loop known in this process yet")]
 
 
@@ -192,7 +192,7 @@ def test_the_window_capture_starts_on_arm_and_stops_on_stop_on_the_event_loop(tm
 
     try:
         probe, sent = make_probe("api_server", None, loop=loop, on_capture_report=on_capture_report)
-        probe._on_message(Arm(spec=CaptureSpec(id="w1", steps=3, out_dir=str(tmp_path))))
+        probe._on_message(Arm(spec=CaptureSpec(id="w1", steps=3)))
         asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), loop).result(5)  # the start has run
         assert probe._capture.state == "recording"
         asyncio.run_coroutine_threadsafe(asyncio.to_thread(lambda: torch.randn(8, 8).sum()), loop).result(5)

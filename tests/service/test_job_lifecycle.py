@@ -67,13 +67,13 @@ async def test_capture_arms_begins_at_one_step_with_delay_and_finishes_done(worl
         await world.capture_report(conn, capture.id, "capturing", first_step=start)
         await world.capture_report(conn, capture.id, "exporting", steps_recorded=2, first_step=start)
     assert not sent(api, Stop)
-    await world.capture_report(core, capture.id, "done", steps_recorded=2, file=str(capture.raw_dir / "c.json"), bytes=9)
-    await world.capture_report(w0, capture.id, "done", steps_recorded=2, file=str(capture.raw_dir / "w.json"), bytes=9)
+    await world.capture_report(core, capture.id, "done", steps_recorded=2, file=str(capture.dir / "raw" / "c.json"), bytes=9)
+    await world.capture_report(w0, capture.id, "done", steps_recorded=2, file=str(capture.dir / "raw" / "w.json"), bytes=9)
     [stop] = sent(api, Stop)
     assert stop.job_id == capture.id and stop.reason == "steps recorded"
     assert world.captures.active is capture
     await world.capture_report(api, capture.id, "exporting")
-    await world.capture_report(api, capture.id, "done", file=str(capture.raw_dir / "a.json"), bytes=9)
+    await world.capture_report(api, capture.id, "done", file=str(capture.dir / "raw" / "a.json"), bytes=9)
     assert world.captures.active is None and world.board.active is None
     await capture.done_event.wait()
     assert capture.state == "done" and capture.reason is None and capture.notes == []

@@ -8,14 +8,14 @@ import json
 import pytest
 from aiohttp import WSMsgType
 
-from sidecar.protocol import (PROBE_WS_PATH, PROTOCOL_VERSION, Arm, Begin, CaptureReport, Heartbeat, Hello, Stop,
-                              decode_from_sidecar, encode)
+from sidecar import auth
+from sidecar.protocol import (PROBE_WS_PATH, PROTOCOL_VERSION, Arm, Begin, CaptureReport, Challenge, Heartbeat, Hello,
+                              Proof, Stop, decode_from_sidecar, encode)
 from sidecar.service.app import ServiceSettings, make_app
 
 from service_fakes import identity
 
 TOKEN = "probe-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
@@ -39,9 +39,14 @@ class Probe:
 
 
 async def connect(client, role, rank=None, **kwargs):
+    """A probe through the handshake: its hello, the sidecar's challenge checked, its proof."""
     ident = identity(role, rank, **kwargs)
-    ws = await client.ws_connect(PROBE_WS_PATH, headers=AUTH)
-    await ws.send_str(encode(Hello(protocol=PROTOCOL_VERSION, process=ident)))
+    ws = await client.ws_connect(PROBE_WS_PATH)
+    nonce = auth.new_nonce()
+    await ws.send_str(encode(Hello(protocol=PROTOCOL_VERSION, process=ident, nonce=nonce)))
+    challenge = decode_from_sidecar((await ws.receive(timeout=5)).data)
+    assert isinstance(challenge, Challenge) and auth.sidecar_proof_ok(TOKEN, nonce, challenge.nonce, challenge.proof)
+    await ws.send_str(encode(Proof(proof=auth.probe_proof(TOKEN, challenge.nonce, nonce))))
     return Probe(ws, ident)
 
 
@@ -55,7 +60,7 @@ async def processes(client, count):
 
 
 async def test_a_probe_of_another_version_is_refused_naming_both(client, caplog):
-    ws = await client.ws_connect(PROBE_WS_PATH, headers=AUTH)
+    ws = await client.ws_connect(PROBE_WS_PATH)
     await ws.send_str(json.dumps({"type": "hello", "protocol": 1, "role": "worker", "pid": 5}))
     msg = await ws.receive(timeout=5)
     assert msg.type == WSMsgType.CLOSE and msg.data == 4400
@@ -71,16 +76,11 @@ async def test_a_probe_of_another_version_is_refused_naming_both(client, caplog)
     json.dumps({"type": "hello", "protocol": PROTOCOL_VERSION, "process": {"role": "Worker!", "pid": 1}}),
 ])
 async def test_other_bad_hellos_are_refused(client, frame):
-    ws = await client.ws_connect(PROBE_WS_PATH, headers=AUTH)
+    ws = await client.ws_connect(PROBE_WS_PATH)
     await ws.send_str(frame)
     msg = await ws.receive(timeout=5)
     assert msg.type == WSMsgType.CLOSE and msg.data == 4400
     assert msg.extra.startswith("bad hello")
-
-
-async def test_the_probe_token_is_required(client):
-    resp = await client.get(PROBE_WS_PATH, headers={"Authorization": "Bearer wrong"})
-    assert resp.status == 401 and (await resp.json())["error"] == "unauthorized"
 
 
 async def test_malformed_frames_are_dropped_and_the_connection_goes_on(client, caplog):
@@ -146,7 +146,10 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     for probe in (core, worker):
         begin = await probe.receive(Begin)
         assert begin.start_step == 10 + 2 + 2
-        raw = f"{arm.spec.out_dir}/{probe.identity.file_stem}.json"
+        # Where a probe writes: <its trace root>/captures/<id>/raw/<stem>.json (here: another root).
+        raw_dir = tmp_path / "probe-root" / "captures" / capture_id / "raw"
+        raw_dir.mkdir(parents=True, exist_ok=True)
+        raw = str(raw_dir / f"{probe.identity.file_stem}.json")
         trace = {"schemaVersion": 1, "baseTimeNanoseconds": 1_000_000_000, "traceEvents": [
             {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": probe.identity.pid, "tid": 1,
              "ts": 10.0, "dur": 5.0}]}

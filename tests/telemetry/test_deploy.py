@@ -34,6 +34,9 @@ def test_compose_services_and_mounted_files():
     env = services["vllm"]["environment"]
     assert env["SIDECAR_ENDPOINT"] == "http://sidecar:8787"
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://otel-collector:4318")
+    # The probes write their raw traces under SIDECAR_TRACE_DIR; the sidecar reads them there: one volume.
+    assert env["SIDECAR_TRACE_DIR"] == services["sidecar"]["environment"]["SIDECAR_TRACE_DIR"] == "/traces"
+    assert "traces:/traces" in services["vllm"]["volumes"] and "traces:/traces" in services["sidecar"]["volumes"]
     for service in services.values():  # every bind-mounted file exists in the repository
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]

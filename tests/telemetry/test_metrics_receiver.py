@@ -1,11 +1,16 @@
 """The sidecar's /v1/metrics + /metrics, fed by the real OpenTelemetry SDK over real HTTP."""
 
 import asyncio
+import hashlib
+import hmac
+import json
 import logging
 import math
+import time
 
 from aiohttp import web
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -121,13 +126,64 @@ async def test_one_target_for_all_processes(aiohttp_client):
         await _shutdown(provider)
 
 
-async def test_push_needs_the_token_and_protobuf(aiohttp_client):
+def _signed(body: bytes, timestamp: int | None = None, token: str = TOKEN) -> dict:
+    """The headers of a signed push, spelled out as docs/api.md gives them."""
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    digest = hashlib.sha256(body).hexdigest()
+    signature = hmac.new(token.encode(), b"metrics\0" + ts.encode() + b"\0" + digest.encode(), hashlib.sha256).hexdigest()
+    return {"X-Sidecar-Timestamp": ts, "X-Sidecar-Signature": signature, "Content-Type": "application/x-protobuf"}
+
+
+async def test_push_needs_a_valid_signature_and_protobuf(aiohttp_client):
     client = await aiohttp_client(_app(push_token=TOKEN))
-    assert (await client.post("/v1/metrics", data=b"", headers={"Content-Type": "application/x-protobuf"})).status == 401
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    assert (await client.post("/v1/metrics", json={}, headers=auth)).status == 415
-    bad = await client.post("/v1/metrics", data=b"\xff\xff\xff", headers={**auth, "Content-Type": "application/x-protobuf"})
+    body = ExportMetricsServiceRequest().SerializeToString()
+
+    async def refused(headers, data=body):
+        resp = await client.post("/v1/metrics", data=data, headers=headers)
+        assert resp.status == 401, headers
+        assert set(await resp.json()) == {"error", "message"} and (await resp.json())["error"] == "unauthorized"
+
+    await refused({"Content-Type": "application/x-protobuf"})  # unsigned
+    await refused({"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf"})  # the token is no key
+    await refused({**_signed(body), "X-Sidecar-Signature": "0" * 64})  # forged
+    await refused(_signed(body, token="guess"))  # signed with another token
+    await refused(_signed(body, timestamp=int(time.time()) - 120))  # stale
+    await refused(_signed(body, timestamp=int(time.time()) + 120))  # from the future
+    await refused({**_signed(body), "X-Sidecar-Timestamp": "soon"})
+    other = ExportMetricsServiceRequest(resource_metrics=[{}]).SerializeToString()
+    await refused(_signed(body), data=other)  # a signature seen on the wire, on another body
+
+    headers = _signed(body)
+    assert (await client.post("/v1/metrics", data=body, headers=headers)).status == 200
+    await refused(headers)  # the same push again: a replay
+    assert (await client.post("/v1/metrics", json={}, headers={**_signed(b"{}"), "Content-Type": "application/json"})
+            ).status == 415
+    bad = await client.post("/v1/metrics", data=b"\xff\xff\xff", headers=_signed(b"\xff\xff\xff"))
     assert bad.status == 400
+
+
+async def test_the_exporter_signs_each_push_and_sends_no_token(aiohttp_client):
+    seen = []
+
+    @web.middleware
+    async def keep_headers(request, handler):
+        seen.append(dict(request.headers))
+        return await handler(request)
+
+    app = web.Application(middlewares=[keep_headers])
+    add_metrics_routes(app, push_token=TOKEN)
+    client = await aiohttp_client(app)
+    url = str(client.make_url("/v1/metrics"))
+    exporter = SidecarMetricExporter(url, token_provider=lambda: TOKEN)
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+    provider = _provider("worker", 11, reader)
+    _record(provider)
+    await _push(url, provider, reader)
+    assert exporter.pushes == 1 and exporter.failures == 0
+    [headers] = seen
+    assert "Authorization" not in headers and TOKEN not in json.dumps(headers)
+    assert abs(int(headers["X-Sidecar-Timestamp"]) - time.time()) < 5 and len(headers["X-Sidecar-Signature"]) == 64
+    await _shutdown(provider)
 
 
 async def test_stale_processes_disappear_and_capture_counters_render(aiohttp_client):

@@ -1,0 +1,58 @@
+"""Where a probe writes: only under the trace root it was configured with, never where a message says.
+
+A capture's raw trace is ``<root>/captures/<job id>/raw/<process file stem>.json``. The job id cannot
+be a path component (``protocol.JobId``), the file stem is the probe's own, and the path is checked
+once more here: resolved, it must be that very path under the resolved root (no symbolic link below
+the root leads elsewhere). The root is ``$SIDECAR_TRACE_DIR``, else ``traces`` beside the default
+token file (``config.trace_dir``); a missing root (and its folder) is created private (0700). The
+sidecar reads the file from the path the probe reports, and deletes it with its folders once
+compressed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ..protocol import JOB_ID_PATTERN
+
+CAPTURES = "captures"
+RAW = "raw"
+
+
+class TraceRoot:
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def capture_file(self, job_id: str, stem: str) -> str:
+        """The raw trace file of capture ``job_id`` in this process (not created). Raises ValueError
+        when it would not lie under the root, OSError when the root cannot be created."""
+        if not re.match(JOB_ID_PATTERN, job_id):  # the protocol's own check, once more
+            raise ValueError(f"{job_id!r} is not a job id")
+        if os.sep in stem or stem in ("", ".", ".."):
+            raise ValueError(f"{stem!r} is not a file name")
+        if not self.path.is_dir():  # private when this probe creates it (and its folder, as the token's is)
+            os.makedirs(self.path.parent, mode=0o700, exist_ok=True)
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+        root = os.path.realpath(self.path)
+        path = os.path.join(root, CAPTURES, job_id, RAW, stem + ".json")
+        if os.path.realpath(path) != path:
+            raise ValueError(f"the trace file of capture {job_id} would resolve outside this process's trace root "
+                             f"{self.path} (a symbolic link in it?)")
+        return path
+
+
+def discard(path: str) -> None:
+    """Delete a raw trace and its ``raw/`` and ``<id>/`` folders when they are left empty."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    folder = os.path.dirname(path)
+    for _ in range(2):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+        folder = os.path.dirname(folder)
