@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import time
 import urllib.parse
@@ -140,8 +141,9 @@ def check_request_span_trees(spans: list[Span], *, n: int, model: str, operation
                              request_ids: set[str] | None = None) -> dict[str, Span]:
     """Assert ``n`` request trees; returns the request spans by gen_ai.response.id.
 
-    ``client_ttft_s``: request id → TTFT the client measured (streaming), compared within ``tolerance_s``
-    (pass a few ms plus one engine step). ``callers``: request id → (trace id, span id) of the
+    ``client_ttft_s``: request id → TTFT the client measured (streaming): no server TTFT may exceed
+    its client's, and the median difference must be within ``tolerance_s`` (pass a few ms plus one
+    engine step). ``callers``: request id → (trace id, span id) of the
     ``traceparent`` the client sent; that request's span must be its child.
     """
     roots = [s for s in spans if s.name == f"{operation} {model}"]
@@ -162,9 +164,17 @@ def check_request_span_trees(spans: list[Span], *, n: int, model: str, operation
             assert root.start_s - 1e-6 <= child.start_s <= child.end_s <= root.end_s + 1e-6
         by_id[attrs["gen_ai.response.id"]] = root
     assert len(by_id) == n, "request ids are not unique"
+    # The server's TTFT runs from receiving the request to sending the first chunk, inside the
+    # client's: it may never be longer (2 ms for clock reads). How close it comes is judged on the
+    # median, so that one scheduling hiccup of the client's process on a busy host does not decide.
+    diffs = []
     for request_id, ttft in (client_ttft_s or {}).items():
         server = by_id[request_id].attributes["gen_ai.response.time_to_first_chunk"]
-        assert abs(server - ttft) <= tolerance_s, f"{request_id}: server TTFT {server:.4f}s, client {ttft:.4f}s"
+        assert server <= ttft + 0.002, f"{request_id}: server TTFT {server:.4f}s exceeds the client's {ttft:.4f}s"
+        diffs.append(ttft - server)
+    if diffs:
+        median = statistics.median(diffs)
+        assert median <= tolerance_s, f"client TTFT exceeds the server's by {median:.4f}s (median), over {tolerance_s:.4f}s"
     for request_id, (trace_id, span_id) in (callers or {}).items():
         root = by_id[request_id]
         assert root.trace_id == trace_id and root.parent_id == span_id, f"{request_id} is not the caller's child"
