@@ -38,11 +38,18 @@ class Role:
 
     ``step_driven`` processes count forward steps and record exactly N of them; the others (an API
     server) record the time window in which the step-driven ones record.
+
+    ``traced_stacks``: torch.profiler's tracer-based ``with_stack`` is affordable here (a model
+    runner, whose time is in ops) and ``stacks=traced`` may use it. It is never applied elsewhere: in
+    a process whose time is Python (a scheduler, an API server) it records every Python call and
+    processes them all in ``stop()`` on the step thread (13.4 s on vLLM's engine core, issue 15);
+    such processes get sampled stacks instead (sidecar/probe/stack_sampler.py).
     """
 
     name: str  # on the wire, in ``processes=`` and in file names: ``engine_core``
     label: str  # for people: "engine core"
     step_driven: bool
+    traced_stacks: bool = False
 
     def __post_init__(self) -> None:
         if not ROLE_NAME.match(self.name):
@@ -53,7 +60,7 @@ class Role:
 # whose scheduler process also runs the model has one step-driven role, e.g. "scheduler").
 API_SERVER = Role("api_server", "API server", step_driven=False)
 ENGINE_CORE = Role("engine_core", "engine core", step_driven=True)
-WORKER = Role("worker", "worker", step_driven=True)
+WORKER = Role("worker", "worker", step_driven=True, traced_stacks=True)
 STANDARD_ROLES: tuple[Role, ...] = (API_SERVER, ENGINE_CORE, WORKER)
 
 

@@ -17,7 +17,8 @@ probe → sidecar
   hello      {protocol, process: ProcessIdentity, nonce}
   proof      {proof}                               HMAC("probe", sidecar nonce, probe nonce)
   heartbeat  {steps, sync_watch?}                  working steps so far; the watch report when changed
-  capture    {job_id, state, steps_recorded, steps_seen?, first_step?, file?, bytes, error?, stop_reason?}
+  capture    {job_id, state, steps_recorded, steps_seen?, first_step?, file?, bytes, stacks,
+              stack_summary?, error?, stop_reason?}
   sync       {job_id, state, steps_recorded, steps_seen?, first_step?, treat_cpu_as_device, sites?,
               error?, stop_reason?}
 sidecar → probe
@@ -38,7 +39,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 PROBE_WS_PATH = "/probe/ws"
 # Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
 # version, a wrong proof); the close frame's reason says why.
@@ -56,6 +57,14 @@ RoleName = Annotated[str, msgspec.Meta(pattern=ROLE_PATTERN)]
 MAX_TEXT = 4096
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
 Activity = Literal["cpu", "cuda"]
+# Python stacks in a capture (docs/api.md, "Python stacks"): "sampled" reads the step thread's stack
+# from a thread of the probe's own (sidecar/probe/stack_sampler.py); "traced" is torch.profiler's
+# with_stack, applied only in roles whose ``Role.traced_stacks`` says it is affordable, sampled in
+# the others. A report's ``stacks`` says what that process recorded.
+StackMode = Literal["none", "sampled", "traced"]
+MAX_STACK_HZ = 5000.0
+StackHz = Annotated[float, msgspec.Meta(ge=1.0, le=MAX_STACK_HZ)]
+DEFAULT_STACK_HZ = 1000.0
 
 # Per-process states a probe reports. A capture records ("capturing") then writes its file
 # ("exporting"); a scan records ("scanning") and reports its sites with "done".
@@ -113,7 +122,8 @@ class CaptureSpec(msgspec.Struct, frozen=True, kw_only=True):
     steps: Steps
     activities: tuple[Activity, ...] = ()  # empty: what the host has
     record_shapes: bool = False
-    with_stack: bool = False
+    stacks: StackMode = "none"
+    stack_hz: StackHz = DEFAULT_STACK_HZ
     profile_memory: bool = False
     with_flops: bool = False
 
@@ -161,6 +171,9 @@ class CaptureReport(_JobReport, tag="capture", kw_only=True):
     state: CaptureState
     file: Text | None = None  # with "done": the raw trace the probe wrote
     bytes: Count = 0
+    stacks: StackMode = "none"  # what this process recorded (may differ from what was asked)
+    # With "done" and sampled stacks: StackSampler.summary() (counts, achieved rate, top frames).
+    stack_summary: dict[str, Any] | None = None
 
 
 class SyncReport(_JobReport, tag="sync", kw_only=True):

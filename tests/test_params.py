@@ -48,6 +48,35 @@ def test_good_parameters_are_parsed():
     assert not req.selects("worker", 0) and not req.selects("api_server", None)
 
 
+@pytest.mark.parametrize("params, stacks, hz", [
+    ({"with_stack": "1"}, "sampled", 1000.0),  # the older spelling asks for the cheap mode
+    ({"with_stack": "0"}, "none", 1000.0),
+    ({"stacks": "Traced"}, "traced", 1000.0),
+    ({"stacks": "sampled", "stack_hz": "250"}, "sampled", 250.0),
+    ({"stacks": "sampled", "with_stack": "true"}, "sampled", 1000.0),
+    ({"stacks": "none", "with_stack": "false"}, "none", 1000.0),
+])
+def test_stack_modes(params, stacks, hz):
+    req = parse(steps=1, **params)
+    assert (req.stacks, req.stack_hz, req.with_stack) == (stacks, hz, stacks != "none")
+
+
+@pytest.mark.parametrize("params, name", [
+    ({"stacks": "all"}, "stacks"),
+    ({"stacks": "none", "with_stack": "1"}, "with_stack"),
+    ({"stacks": "sampled", "with_stack": "0"}, "with_stack"),
+    ({"stack_hz": "100"}, "stack_hz"),  # without stacks it means nothing
+    ({"stacks": "sampled", "stack_hz": "0"}, "stack_hz"),
+    ({"stacks": "sampled", "stack_hz": "5001"}, "stack_hz"),
+    ({"stacks": "sampled", "stack_hz": "nan"}, "stack_hz"),
+    ({"stacks": "sampled", "stack_hz": "fast"}, "stack_hz"),
+])
+def test_bad_stack_options_name_the_parameter(params, name):
+    with pytest.raises(ParamError) as info:
+        parse(steps=1, **params)
+    assert info.value.param == name
+
+
 def test_defaults_select_everything():
     req = parse(steps=1)
     assert req.activities == () and req.delay == 0 and not req.with_stack

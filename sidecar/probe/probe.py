@@ -42,7 +42,7 @@ from ..protocol import (
 from . import sync_tools
 from .limits import ProbeLimits
 from .link import SidecarLink
-from .recorder import StepCapture, WindowCapture
+from .recorder import StepCapture, WindowCapture, stack_mode
 from .trace_root import TraceRoot
 from ..step_window import clip
 
@@ -203,13 +203,15 @@ class Probe:
             log.warning("inference-sidecar: capture %s refused: %s", spec.id, problem)
             self._link.send(CaptureReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
             return
+        stacks = stack_mode(spec, self.profile.role(self.identity.role))
         if self.identity.step_driven:
-            capture = StepCapture(spec, path, self._link.send, self._exporter, self.identity.cuda, self.limits)
+            capture = StepCapture(spec, path, self._link.send, self._exporter, self.identity.cuda, self.limits,
+                                  stacks)
             self._capture = capture
             capture.report_armed(self.steps)
         else:
             capture = WindowCapture(spec, path, self._report_window, self._exporter, self._loop, self.identity.cuda,
-                                    self.limits)
+                                    self.limits, stacks)
             self._capture = capture
             capture.start_window()
 

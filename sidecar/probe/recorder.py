@@ -21,6 +21,14 @@ The probe's own limits (``ProbeLimits``) hold whatever the sidecar asked: the wi
 exported file over ``max_trace_mb`` is deleted and reported failed. The file's folder must still be
 the one the probe chose at ``arm`` when the export writes it (sidecar/probe/trace_root.py).
 
+Python stacks (``spec.stacks``): "sampled" gives the capture a ``StackSampler`` (stack_sampler.py),
+built at ``arm`` on the link thread. It starts right after the profiler and stops right before it,
+so its samples cover exactly the recorded steps; on the step thread each costs a flag and a clock
+read. The export thread adds the samples to the exported file and reports the sampler's summary.
+"traced" is torch.profiler's own ``with_stack``, which the probe passes only in a role that allows
+it (``Role.traced_stacks``): the probe decides, per process, which of the two a capture gets
+(``stack_mode``), and the report says which it was.
+
 Reports go out as ``CaptureReport`` structs (sidecar.protocol).
 """
 
@@ -28,12 +36,15 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from concurrent.futures import Executor
 from typing import Any, Callable
 
+from ..engine import Role
 from ..protocol import P_CAPTURING, P_DONE, P_EXPORTING, CaptureReport, CaptureSpec
 from ..step_window import FINISHED, RECORDING, StepWindow
 from .limits import ProbeLimits
+from .stack_sampler import StackSampler
 from .trace_root import discard
 
 log = logging.getLogger(__name__)
@@ -41,8 +52,24 @@ log = logging.getLogger(__name__)
 Report = Callable[[CaptureReport], None]
 
 
-def make_profiler(spec: CaptureSpec, cuda_available: bool):
-    """A torch.profiler.profile that records every step it is given (start/step/stop by hand)."""
+def stack_mode(spec: CaptureSpec, role: Role) -> str:
+    """The Python stacks this process records for ``spec``: "none", "sampled" or "traced" (only in
+    a role that allows torch.profiler's tracer; sampled in any other)."""
+    if spec.stacks == "none":
+        return "none"
+    return "traced" if spec.stacks == "traced" and role.traced_stacks else "sampled"
+
+
+def make_sampler(spec: CaptureSpec, limits: ProbeLimits | None) -> StackSampler:
+    """The sampler of one capture, bounded by the probe's byte limit: the samples may take at most a
+    quarter of what the whole trace may (``StackSampler`` counts its bytes while it samples)."""
+    bounds = {} if limits is None else {"max_bytes": max(1, min(limits.max_trace_bytes // 4, 32 << 20))}
+    return StackSampler(hz=spec.stack_hz, name=f"inference-sidecar-stacks-{spec.id}", **bounds)
+
+
+def make_profiler(spec: CaptureSpec, cuda_available: bool, with_stack: bool = False):
+    """A torch.profiler.profile that records every step it is given (start/step/stop by hand).
+    ``with_stack``: torch's tracer-based stacks (``stack_mode`` decides)."""
     import torch.profiler as tp
 
     wanted = spec.activities or (("cpu", "cuda") if cuda_available else ("cpu",))
@@ -53,7 +80,7 @@ def make_profiler(spec: CaptureSpec, cuda_available: bool):
         # start/step/stop alone decide what is recorded.
         schedule=lambda _step: tp.ProfilerAction.RECORD,
         record_shapes=spec.record_shapes,
-        with_stack=spec.with_stack,
+        with_stack=with_stack,
         profile_memory=spec.profile_memory,
         with_flops=spec.with_flops,
     )
@@ -74,7 +101,9 @@ class StepCapture(StepWindow):
         exporter: Executor,
         cuda_available: bool = False,
         limits: ProbeLimits | None = None,
+        stacks: str = "none",
     ) -> None:
+        """``stacks``: what ``stack_mode`` chose for this process."""
         super().__init__(spec.steps)
         self.spec = spec
         self.trace_path = trace_path
@@ -88,11 +117,15 @@ class StepCapture(StepWindow):
         if limits is not None:
             self.limit_time(limits.max_capture_s, limits.duration_reason)
         self._prof = None
+        self.stacks = stacks
+        # Built here (the link thread): its thread starts now, not on the step thread.
+        self._sampler = make_sampler(spec, limits) if stacks == "sampled" else None
 
     def abandon(self, error: str) -> None:
         """Give up after an unexpected error on the step path; report it, leave the engine alone."""
         with self._lock:
             self.state = FINISHED
+        self._drop_sampler()
         prof, self._prof = self._prof, None
         if prof is not None:
             try:
@@ -101,16 +134,30 @@ class StepCapture(StepWindow):
                 pass
         self._fail(error)
 
+    def _fail(self, error: str) -> None:
+        self._drop_sampler()
+        super()._fail(error)
+
+    def _drop_sampler(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.close()
+
     # -- the window's hooks (step thread) ----------------------------------------------------------
     def _start_recording(self) -> None:
-        self._prof = make_profiler(self.spec, self._cuda)
+        self._prof = make_profiler(self.spec, self._cuda, with_stack=self.stacks == "traced")
         self._prof.start()  # opens ProfilerStep#0
+        sampler = self._sampler
+        if sampler is not None:  # after the profiler: its samples fall inside the recorded steps
+            sampler.start(threading.get_ident())
 
     def _step_began(self, n: int, new: bool) -> None:
         if new and n:  # each later working step opens the next ProfilerStep#<n>
             self._prof.step()
 
     def _stop_recording(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()  # a flag and a clock read; the sampler parks by itself
         prof, self._prof = self._prof, None
         try:
             prof.stop()
@@ -129,6 +176,8 @@ class StepCapture(StepWindow):
             if os.path.realpath(folder) != self._trace_dir:
                 raise OSError(f"{folder} no longer resolves to {self._trace_dir}")
             prof.export_chrome_trace(self.trace_path)
+            del prof  # its events are in the file; free them before the samples are built
+            stack_summary = self._add_samples()
             size = os.path.getsize(self.trace_path)
         except Exception as exc:
             log.warning("inference-sidecar: trace export failed: %s", exc)
@@ -140,12 +189,27 @@ class StepCapture(StepWindow):
             log.warning("inference-sidecar: capture %s: %s", self.spec.id, problem)
             self._fail(problem)
             return
-        self._report_state(P_DONE, file=self.trace_path, bytes=size)
+        self._report_state(P_DONE, file=self.trace_path, bytes=size, stack_summary=stack_summary)
+
+    def _add_samples(self) -> dict[str, Any] | None:
+        """The sampled stacks into the exported file; the sampler's summary (export thread). A
+        failure here loses the stacks, never the trace: the summary says what went wrong."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is None:
+            return None
+        try:
+            sampler.append_to_trace(self.trace_path)
+            return sampler.summary(top=10)
+        except (OSError, ValueError) as exc:
+            log.warning("inference-sidecar: capture %s: stacks not added: %s", self.spec.id, exc)
+            return {"samples": 0, "error": f"stacks not added to the trace: {exc}"[:500]}
+        finally:
+            sampler.close()
 
     def _report_state(self, state: str, **fields: Any) -> None:
         self._report(CaptureReport(
             job_id=self.spec.id, state=state, steps_recorded=self._recorded, first_step=self.first_step,
-            stop_reason=self._stop_reason, **fields))
+            stop_reason=self._stop_reason, stacks=self.stacks, **fields))
 
 
 class WindowCapture(StepCapture):
@@ -156,8 +220,9 @@ class WindowCapture(StepCapture):
     thread, the thread whose work is worth recording.
     """
 
-    def __init__(self, spec, trace_path, report, exporter, loop, cuda_available=False, limits=None) -> None:
-        super().__init__(spec, trace_path, report, exporter, cuda_available, limits)
+    def __init__(self, spec, trace_path, report, exporter, loop, cuda_available=False, limits=None,
+                 stacks="none") -> None:
+        super().__init__(spec, trace_path, report, exporter, cuda_available, limits, stacks)
         self._loop = loop
 
     def start_window(self) -> None:

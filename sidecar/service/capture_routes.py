@@ -40,6 +40,7 @@ def capture_json(capture: Capture) -> dict[str, Any]:
         "options": {
             "activities": list(r.activities) or "host default",
             "record_shapes": r.record_shapes, "with_stack": r.with_stack,
+            "stacks": r.stacks, "stack_hz": r.stack_hz if r.with_stack else None,
             "profile_memory": r.profile_memory, "with_flops": r.with_flops,
             "timeout_s": r.timeout_s,
             "processes": [f"{s.role}:{s.rank}" if s.rank is not None else s.role for s in r.processes] or "all",
@@ -52,6 +53,7 @@ def _process_json(p: CaptureProcess) -> dict[str, Any]:
         "role": p.role, "pid": p.pid, "rank": p.rank, "label": p.label,
         "state": p.state, "steps_recorded": p.steps_recorded, "first_step": p.first_step,
         "file": p.file, "bytes": p.bytes, "error": p.error,
+        "stacks": p.stacks, "stack_summary": p.stack_summary,
     }
 
 

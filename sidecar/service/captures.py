@@ -36,6 +36,8 @@ class CaptureProcess(ProcessRun):
     raw_file: str | None = None  # the probe's plain JSON in <its trace root>/captures/<id>/raw/, until the export
     file: str | None = None  # the compressed per-process trace, after it
     bytes: int = 0
+    stacks: str = "none"  # the Python stacks this process recorded: none, sampled or traced
+    stack_summary: dict[str, Any] | None = None  # the probe's sampler summary (sampled stacks)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -55,8 +57,8 @@ class Capture(Job):
         r = self.request
         return CaptureSpec(
             id=self.id, steps=r.steps, activities=r.activities,
-            record_shapes=r.record_shapes, with_stack=r.with_stack, profile_memory=r.profile_memory,
-            with_flops=r.with_flops,
+            record_shapes=r.record_shapes, stacks=r.stacks, stack_hz=r.stack_hz,
+            profile_memory=r.profile_memory, with_flops=r.with_flops,
         )
 
     def files(self) -> list[str]:
@@ -107,6 +109,10 @@ class CaptureManager(JobManager[Capture]):
 
     def _take_result(self, capture: Capture, rec: CaptureProcess, report: CaptureReport) -> None:
         rec.raw_file, rec.bytes = report.file or "", report.bytes
+        rec.stacks, rec.stack_summary = report.stacks, report.stack_summary
+        cut_short = (report.stack_summary or {}).get("stop_reason")
+        if cut_short:  # the sampler's own bound ended it before the steps did
+            capture.notes.append(f"{rec.label}: python stacks stopped early ({cut_short}); the steps were recorded")
 
     async def _on_progress(self, capture: Capture) -> None:
         # The API server records a time window, not steps: it ends when the step-driven processes have.

@@ -10,11 +10,15 @@ from typing import Iterable, Mapping
 
 from .. import config
 from ..engine import STANDARD_ROLES
+from ..protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ
 from .jobs import SCAN
 
 ACTIVITIES = ("cpu", "cuda")
-BOOLEAN_OPTIONS = ("record_shapes", "with_stack", "profile_memory", "with_flops")
-KNOWN = {"steps", "activities", "delay", "processes", "timeout_s", *BOOLEAN_OPTIONS}
+BOOLEAN_OPTIONS = ("record_shapes", "profile_memory", "with_flops")
+STACK_MODES = ("none", "sampled", "traced")
+MIN_STACK_HZ = 1.0
+KNOWN = {"steps", "activities", "delay", "processes", "timeout_s", "with_stack", "stacks", "stack_hz",
+         *BOOLEAN_OPTIONS}
 SCAN_KNOWN = {"steps", "delay", "processes", "timeout_s", "baseline"}
 
 
@@ -56,9 +60,14 @@ class JobRequest:
 class CaptureRequest(JobRequest):
     activities: tuple[str, ...] = ()  # empty: what each host has
     record_shapes: bool = False
-    with_stack: bool = False
+    stacks: str = "none"  # one of STACK_MODES; with_stack=true asks for "sampled"
+    stack_hz: float = DEFAULT_STACK_HZ
     profile_memory: bool = False
     with_flops: bool = False
+
+    @property
+    def with_stack(self) -> bool:
+        return self.stacks != "none"
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,39 @@ def _bool(params: Mapping[str, str], name: str) -> bool:
         return config.parse_bool(raw, name)
     except ValueError:
         raise ParamError(name, f"must be true or false, got {raw!r}") from None
+
+
+def _stacks(params: Mapping[str, str]) -> tuple[str, float]:
+    """``stacks=`` and its older spelling ``with_stack=`` (true: "sampled"), and ``stack_hz=``."""
+    raw = params.get("stacks")
+    mode = None
+    if raw is not None:
+        mode = raw.strip().lower()
+        if mode not in STACK_MODES:
+            raise ParamError("stacks", f"must be one of {', '.join(STACK_MODES)}, got {raw!r}")
+    if "with_stack" in params:
+        wanted = _bool(params, "with_stack")
+        if mode is None:
+            mode = "sampled" if wanted else "none"
+        elif wanted != (mode != "none"):
+            raise ParamError("with_stack", f"contradicts stacks={mode}; give stacks alone")
+    mode = mode or "none"
+    hz = DEFAULT_STACK_HZ
+    if "stack_hz" in params:
+        if mode == "none":
+            raise ParamError("stack_hz", "needs stacks=sampled or stacks=traced")
+        hz = _number(params["stack_hz"], "stack_hz", MIN_STACK_HZ, MAX_STACK_HZ)
+    return mode, hz
+
+
+def _number(raw: str, name: str, lo: float, hi: float) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ParamError(name, f"must be a number, got {raw!r}") from None
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise ParamError(name, f"must be between {lo:g} and {hi:g}, got {raw!r}")
+    return value
 
 
 def _activities(raw: str | None) -> tuple[str, ...]:
@@ -161,6 +203,7 @@ def parse_capture_request(params: Mapping[str, str], max_steps: int,
         processes=_processes(params.get("processes"), known_roles(connected_roles)),
         timeout_s=_timeout(params.get("timeout_s")),
         **{name: _bool(params, name) for name in BOOLEAN_OPTIONS},
+        **dict(zip(("stacks", "stack_hz"), _stacks(params))),
     )
 
 

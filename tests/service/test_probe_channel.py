@@ -141,7 +141,7 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
 
     for probe in (core, worker):
         arm = await probe.receive(Arm)
-        assert arm.spec.with_stack and arm.spec.steps == 1
+        assert arm.spec.stacks == "sampled" and arm.spec.stack_hz == 1000 and arm.spec.steps == 1
         await probe.send(CaptureReport(job_id=capture_id, state="armed", steps_seen=10))
     for probe in (core, worker):
         begin = await probe.receive(Begin)
@@ -157,8 +157,10 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
             json.dump(trace, fh)
         for state in ("capturing", "exporting"):
             await probe.send(CaptureReport(job_id=capture_id, state=state, steps_recorded=1, first_step=14))
+        cut = "max_bytes reached" if probe is worker else None
         await probe.send(CaptureReport(job_id=capture_id, state="done", steps_recorded=1, first_step=14,
-                                       file=raw, bytes=100))
+                                       file=raw, bytes=100, stacks="sampled",
+                                       stack_summary={"samples": 7, "stop_reason": cut, "top_self": []}))
     for _ in range(500):
         status = await (await client.get(f"/profile/{capture_id}")).json()
         if status["state"] in ("done", "partial", "failed"):
@@ -172,9 +174,14 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     stem = worker.identity.file_stem
     assert status["files"][f"{stem}.pt.trace.json.gz"] == f"/profile/{capture_id}/files/{stem}.pt.trace.json.gz"
     assert status["options"] == {"activities": "host default", "record_shapes": False, "with_stack": True,
+                                 "stacks": "sampled", "stack_hz": 1000.0,
                                  "profile_memory": False, "with_flops": False, "timeout_s": 120.0, "processes": "all"}
     assert list(status["processes"][0]) == ["role", "pid", "rank", "label", "state", "steps_recorded", "first_step",
-                                            "file", "bytes", "error"]
+                                            "file", "bytes", "error", "stacks", "stack_summary"]
+    assert [p["stack_summary"]["samples"] for p in status["processes"]] == [7, 7]
+    # The sampler's own bound cut the worker's stacks short: a note says so; the capture is done.
+    assert any(n.startswith(f"{worker.identity.label}: python stacks stopped early (max_bytes reached)")
+               for n in status["notes"]), status["notes"]
     saved = (tmp_path / "traces" / "captures" / capture_id / "capture.json").read_text()
     assert saved == json.dumps(status, indent=1), "capture.json holds what GET /profile/{id} serves"
     assert (await client.get(status["trace"])).status == 200
