@@ -111,6 +111,7 @@ def raw_trace_path(capture_dir: Path, raw_file: str) -> Path | None:
 def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) -> FinalizeResult:
     """Compress, merge and analyse the raw traces of the finished processes in ``records``; then
     delete them and the folders they leave empty."""
+    records = list(records)
     result = FinalizeResult()
     taken: list[Path] = []  # this capture's raw files: deleted at the end, whatever happens
     kept = []
@@ -157,7 +158,7 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
     finally:
         remove_raw(capture_dir, taken)
     if result.trace_file:
-        result.summary_file, result.headline = _analyse(capture_dir, capture_dir / MERGED_NAME)
+        result.summary_file, result.headline = _analyse(capture_dir, capture_dir / MERGED_NAME, records)
     return result
 
 
@@ -252,10 +253,11 @@ def _meta(name: str, pid: Any, args: dict) -> dict:
     return {"ph": "M", "name": name, "pid": pid, "tid": 0, "ts": 0, "args": args}
 
 
-def _analyse(capture_dir: Path, merged: Path) -> tuple[str | None, str | None]:
-    """Analysis is a bonus on top of the trace: its failure is reported in the headline only."""
+def _analyse(capture_dir: Path, merged: Path, records: Iterable[Any] = ()) -> tuple[str | None, str | None]:
+    """Analysis is a bonus on top of the trace: its failure is reported in the headline only. The
+    probes' sampled Python stacks go into the summary's ``python_stacks`` and the headline."""
     try:
-        from ..analysis import analyze_path
+        from ..analysis import analyze_path, python_stacks
     except ImportError:
         return None, None
     try:
@@ -263,5 +265,11 @@ def _analyse(capture_dir: Path, merged: Path) -> tuple[str | None, str | None]:
     except Exception as exc:  # analysis is a bonus: the trace is still there
         log.warning("analysis of %s failed: %s", merged, exc)
         return None, f"analysis failed: {exc}"
+    stacks = python_stacks.section(records)
+    if stacks:
+        summary["python_stacks"] = stacks
+        extra = python_stacks.headline(stacks)
+        if extra:
+            summary["headline"] = "; ".join(filter(None, (summary.get("headline"), extra)))
     (capture_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=1))
     return SUMMARY_NAME, summary.get("headline")

@@ -1,0 +1,71 @@
+"""Issue 15 end to end: Python stacks in a capture of the real vLLM server, by sampling."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+
+import pytest
+
+from sidecar.client import SidecarClient
+
+pytestmark = pytest.mark.vllm
+
+TRACK = "python stacks (sampled)"
+
+
+def capture(vllm_stack, background_load, **params) -> dict:
+    client = SidecarClient(vllm_stack.sidecar_url)
+    with background_load(vllm_stack, concurrency=4, duration_s=8) as load:
+        time.sleep(1.5)
+        status = client.wait(client.start(5, **params)["id"], timeout=120)
+    assert not load.join().failures
+    assert status["state"] == "done", status
+    return status
+
+
+def sampled_tracks(client: SidecarClient, status: dict, tmp_path) -> dict[int, list[dict]]:
+    """The sampled-stack slices of the merged trace, by pid."""
+    trace = json.load(gzip.open(client.download(status["trace"], tmp_path / "trace.json.gz")))
+    events = trace["traceEvents"]
+    tracks = {(e["pid"], e["tid"]) for e in events
+              if e.get("ph") == "M" and e.get("name") == "thread_name" and str(e["args"]["name"]).startswith(TRACK)}
+    slices: dict[int, list[dict]] = {}
+    for e in events:
+        if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in tracks:
+            slices.setdefault(e["pid"], []).append(e)
+    return slices
+
+
+def test_sampled_stacks_from_the_engine_core_and_the_worker(vllm_stack, background_load, tmp_path):
+    status = capture(vllm_stack, background_load, stacks="sampled")
+    client = SidecarClient(vllm_stack.sidecar_url)
+    by_role = {p["role"]: p for p in status["processes"]}
+    assert {role: p["stacks"] for role, p in by_role.items()} == {
+        "api_server": "sampled", "engine_core": "sampled", "worker": "sampled"}
+    assert status["options"]["stacks"] == "sampled" and status["options"]["stack_hz"] == 1000.0
+    slices = sampled_tracks(client, status, tmp_path)
+    for role in ("engine_core", "worker"):
+        p = by_role[role]
+        assert p["stack_summary"]["samples"] > 0 and p["stack_summary"]["stop_reason"] is None, p
+        frames = slices.get(p["pid"], [])
+        assert frames, f"no sampled frames from the {role}"
+        assert all(e["cat"] == "python_function" for e in frames)
+        # vLLM's own Python, by file: the engine core's busy loop, the worker's model runner.
+        files = {e["args"]["file"] for e in frames}
+        assert any("/vllm/" in f for f in files), sorted(files)[:20]
+    core_files = {e["args"]["file"] for e in slices[by_role["engine_core"]["pid"]]}
+    assert any(f.endswith("vllm/v1/engine/core.py") for f in core_files)
+    # The summary names the hottest line, and the headline says it.
+    summary = client.summary(status["id"])
+    assert set(summary["python_stacks"]) >= {by_role["engine_core"]["label"], by_role["worker"]["label"]}
+    assert "python: " in status["headline"]
+
+
+def test_traced_stacks_only_in_the_worker(vllm_stack, background_load, tmp_path):
+    """torch's tracer is never applied to the engine core (13 s stall, issue 15): it samples."""
+    status = capture(vllm_stack, background_load, stacks="traced", processes="engine_core,worker")
+    by_role = {p["role"]: p for p in status["processes"]}
+    assert by_role["worker"]["stacks"] == "traced" and by_role["worker"]["stack_summary"] is None
+    assert by_role["engine_core"]["stacks"] == "sampled" and by_role["engine_core"]["stack_summary"]["samples"] > 0
