@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from sidecar.probe.stack_sampler import StackSampler  # noqa: E402
 
-HZ = 1000.0  # the sampler's default rate; --hz changes it for a run
+DEFAULT_HZ = 1000.0  # the sampler's default rate; --hz changes it for a run
 
 
 # -- targets --------------------------------------------------------------------------------------------
@@ -119,7 +119,8 @@ def sleep_cpu_us(calls: int = 300) -> float:
     return (time.thread_time_ns() - cpu0) / calls / 1000
 
 
-def per_sample_cost(depth: int, seconds: float, sleep_us: float, extra_threads: int = 0) -> dict:
+def per_sample_cost(depth: int, seconds: float, sleep_us: float, extra_threads: int = 0,
+                    hz: float = DEFAULT_HZ) -> dict:
     ready, release = threading.Event(), threading.Event()
     target = threading.Thread(target=parked_at_depth, args=(depth, ready, release), daemon=True)
     target.start()
@@ -127,7 +128,7 @@ def per_sample_cost(depth: int, seconds: float, sleep_us: float, extra_threads: 
     idle = [threading.Thread(target=release.wait, daemon=True) for _ in range(extra_threads)]
     for t in idle:
         t.start()
-    sampler = StackSampler(target.ident, hz=HZ)
+    sampler = StackSampler(target.ident, hz=hz)
     try:
         sampler.start()
         time.sleep(seconds)
@@ -152,10 +153,10 @@ def per_sample_cost(depth: int, seconds: float, sleep_us: float, extra_threads: 
     }
 
 
-def timed_run(work, rounds: int, sampled: bool) -> tuple[float, Optional[dict]]:
+def timed_run(work, rounds: int, sampled: bool, hz: float = DEFAULT_HZ) -> tuple[float, Optional[dict]]:
     """Run ``work`` on this thread; with a sampler sampling this thread when ``sampled``. The
     sampler is made (its thread started) before the clock starts and closed after it stops."""
-    sampler = StackSampler(threading.get_ident(), hz=HZ) if sampled else None
+    sampler = StackSampler(threading.get_ident(), hz=hz) if sampled else None
     try:
         if sampler is not None:
             sampler.start()
@@ -171,7 +172,7 @@ def timed_run(work, rounds: int, sampled: bool) -> tuple[float, Optional[dict]]:
             sampler.close()
 
 
-def slowdown(work, seconds: float, pairs: int) -> dict:
+def slowdown(work, seconds: float, pairs: int, hz: float = DEFAULT_HZ) -> dict:
     rounds = calibrate_rounds(work, seconds)
     work(40, rounds // 4)  # warm-up
     plain, sampled, ratios, rates, samples, shares = [], [], [], [], [], []
@@ -179,7 +180,7 @@ def slowdown(work, seconds: float, pairs: int) -> dict:
         order = (False, True) if k % 2 == 0 else (True, False)
         took = {}
         for flag in order:
-            took[flag], summary = timed_run(work, rounds, flag)
+            took[flag], summary = timed_run(work, rounds, flag, hz)
             if summary is not None:
                 rates.append(summary["achieved_hz"])
                 samples.append(summary["samples"])
@@ -206,10 +207,10 @@ def slowdown(work, seconds: float, pairs: int) -> dict:
     }
 
 
-def export_cost(seconds: float) -> dict:
+def export_cost(seconds: float, hz: float = DEFAULT_HZ) -> dict:
     """Sample the mixed target for ``seconds`` and append its slices to a 20 MB Kineto-like file."""
     rounds = calibrate_rounds(mixed_work, seconds)
-    sampler = StackSampler(threading.get_ident(), hz=HZ)
+    sampler = StackSampler(threading.get_ident(), hz=hz)
     try:
         sampler.start()
         mixed_work(40, rounds)
@@ -240,29 +241,28 @@ def export_cost(seconds: float) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    global HZ
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=10, help="sampled/plain pairs per target")
     parser.add_argument("--seconds", type=float, default=0.2, help="length of one timed run")
-    parser.add_argument("--hz", type=float, default=HZ, help="sampling rate (default %(default)s)")
+    parser.add_argument("--hz", type=float, default=DEFAULT_HZ, help="sampling rate (default %(default)s)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "sampler.json")
     args = parser.parse_args(list(argv) if argv is not None else None)
-    HZ = args.hz
+    hz = args.hz
 
     load_before = os.getloadavg()
     sleep_us = sleep_cpu_us()
-    costs = [per_sample_cost(d, args.seconds, sleep_us) for d in (20, 60, 120)]
-    costs.append(per_sample_cost(60, args.seconds, sleep_us, extra_threads=30))
-    pure = slowdown(python_work, args.seconds, args.pairs)
-    mixed = slowdown(mixed_work, args.seconds, args.pairs)
-    export = export_cost(args.seconds)
+    costs = [per_sample_cost(d, args.seconds, sleep_us, hz=hz) for d in (20, 60, 120)]
+    costs.append(per_sample_cost(60, args.seconds, sleep_us, extra_threads=30, hz=hz))
+    pure = slowdown(python_work, args.seconds, args.pairs, hz)
+    mixed = slowdown(mixed_work, args.seconds, args.pairs, hz)
+    export = export_cost(args.seconds, hz)
     results = {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "switch_interval_ms": sys.getswitchinterval() * 1000,
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "sleep_cpu_us": round(sleep_us, 2),
-        "hz": HZ,
+        "hz": hz,
         "per_sample": costs,
         "cpu_share_depth60": costs[1]["cpu_share"],
         "slowdown_pure_python": pure,
@@ -272,7 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
 
-    print(f"stack sampler at {HZ:.0f} Hz (python {results['python']}, {results['cpus']} CPUs, "
+    print(f"stack sampler at {hz:.0f} Hz (python {results['python']}, {results['cpus']} CPUs, "
           f"switch interval {results['switch_interval_ms']:.0f} ms)")
     print(f"  host load average {results['load_average_before_after'][0]} before, "
           f"{results['load_average_before_after'][1]} after (figures on a busy host run high)")
