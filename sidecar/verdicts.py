@@ -5,4 +5,6 @@ without importing the sidecar service.
 """
 
 DONE, PARTIAL, FAILED = "done", "partial", "failed"
-FINAL = (DONE, PARTIAL, FAILED)
+# Stopped by its user before any step-driven process recorded a step: nothing to judge, no trace.
+CANCELLED = "cancelled"
+FINAL = (DONE, PARTIAL, FAILED, CANCELLED)

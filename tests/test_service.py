@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.service.app import ServiceSettings, make_app
+from sidecar.verdicts import FINAL
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 PROBE_TOKEN = "probe-secret-for-tests"
@@ -64,7 +65,7 @@ async def wait_processes(client, count, timeout=60, headers=None):
 async def wait_final(client, capture_id, timeout=60):
     for _ in range(int(timeout * 10)):
         body = await (await client.get(f"/profile/{capture_id}")).json()
-        if body["state"] in ("done", "partial", "failed"):
+        if body["state"] in FINAL:
             return body
         await asyncio.sleep(0.1)
     raise AssertionError(f"capture still {body['state']}")
@@ -135,9 +136,9 @@ async def test_busy_no_probes_and_stop(sidecar, engines):
     assert (await busy.json())["active"] == capture_id
 
     stopped = await client.post("/profile/stop")
-    assert stopped.status == 200
+    assert stopped.status == 200 and (await stopped.json())["state"] == "cancelled"
     status = await wait_final(client, capture_id)
-    assert status["state"] == "failed" and "stopped by request" in status["reason"]
+    assert status["state"] == "cancelled" and status["reason"] == "cancelled by the user before any step was recorded"
     assert status["processes"][0]["error"].startswith("no step recorded")
     assert (await client.post("/profile/stop")).status == 409
     resp = await client.get(f"/profile/{capture_id}/trace")

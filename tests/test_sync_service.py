@@ -3,6 +3,7 @@
 import asyncio
 from pathlib import Path
 
+from sidecar.verdicts import FINAL
 from test_service import FAKE_ENGINE, sidecar, engines, wait_processes  # noqa: F401  (fixtures)
 
 PLANTED_LINE = next(n for n, line in enumerate(FAKE_ENGINE.read_text().splitlines(), 1) if "# PLANTED_LINE" in line)
@@ -11,7 +12,7 @@ PLANTED_LINE = next(n for n, line in enumerate(FAKE_ENGINE.read_text().splitline
 async def wait_scan(client, scan_id, timeout=60):
     for _ in range(int(timeout * 10)):
         body = await (await client.get(f"/sync/{scan_id}")).json()
-        if body["state"] in ("done", "partial", "failed"):
+        if body["state"] in FINAL:
             return body
         await asyncio.sleep(0.1)
     raise AssertionError(f"scan still {body['state']}")
@@ -71,7 +72,7 @@ async def test_scan_parameters_and_conflicts(sidecar, engines):  # noqa: F811
     assert (await client.get("/sync/start", params={"steps": "3"})).status == 409
     assert (await client.post("/sync/stop")).status == 200
     result = await wait_scan(client, scan_id)
-    assert result["state"] == "failed" and "stopped by request" in result["reason"]
+    assert result["state"] == "cancelled" and result["reason"] == "cancelled by the user before any step was recorded"
     assert (await client.post("/sync/stop")).status == 409
     assert (await client.get("/sync/s20990101-000000-abcdef")).status == 404
 

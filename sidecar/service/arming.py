@@ -6,6 +6,11 @@ steps, so one ``begin`` with a start step ahead of all the counts makes every pr
 *same* engine steps. The lead covers the time ``begin`` takes to reach the probes: 2 steps plus
 ``BEGIN_LEAD_S`` at the fastest observed step rate. ``delay`` (working steps to skip) is added here
 and nowhere else: the probes are told only where to start.
+
+A rate is only ever measured between two counts this sidecar received on one connection
+(registry.py): right after a (re)connect there may be none. Then the lead is the minimum, on purpose:
+a lead too short makes a process start a step or two late (the capture's notes name it), while one
+guessed too long makes the job wait for steps that may never come (a burst that ends, its timeout).
 """
 
 from __future__ import annotations
@@ -15,13 +20,20 @@ from typing import Iterable
 
 ARM_REPLY_S = 3.0  # how long every step-driven probe has to answer "arm" before it counts as lost
 BEGIN_LEAD_S = 0.25  # the start step lies this far ahead at the fastest observed step rate
-MIN_LEAD_STEPS = 2
+MIN_LEAD_STEPS = 2  # also the whole lead while no rate is measured
 
 
-def lead_steps(fastest_rate: float) -> int:
+def fastest_rate(rates: Iterable[float | None]) -> float | None:
+    """The fastest of the measured rates (None: not measured yet); None when none is measured."""
+    return max((r for r in rates if r is not None), default=None)
+
+
+def lead_steps(fastest_rate: float | None) -> int:
+    if fastest_rate is None:
+        return MIN_LEAD_STEPS
     return MIN_LEAD_STEPS + math.ceil(max(fastest_rate, 0.0) * BEGIN_LEAD_S)
 
 
-def start_step(steps_seen: Iterable[int], fastest_rate: float, delay: int) -> int:
+def start_step(steps_seen: Iterable[int], fastest_rate: float | None, delay: int) -> int:
     """``max(steps_seen) + lead + delay``; ``steps_seen`` must not be empty."""
     return max(steps_seen) + lead_steps(fastest_rate) + delay

@@ -4,7 +4,9 @@ What is a capture's own, on top of the shared life cycle (job_manager.py): its d
 (``<trace-dir>/captures/<id>/``; each probe writes its raw trace under its own trace root, in
 ``<root>/captures/<id>/raw/``, and reports the path), the stop of the API server's window once the
 step-driven processes have finished, the compression, merge and analysis on the export executor
-(merge.py, which takes the raw files and removes them), and ``capture.json`` beside the files.
+(merge.py, which takes the raw files and removes them), and ``capture.json`` beside the files. A
+capture its user stopped before any engine step is ``cancelled``: nothing is merged, and the API
+server's raw file is deleted.
 """
 
 from __future__ import annotations
@@ -125,6 +127,16 @@ class CaptureManager(JobManager[Capture]):
     async def _finish(self, capture: Capture) -> None:
         capture.advance(EXPORTING)
         self._spawn(self._export(capture))
+
+    async def _cancel(self, capture: Capture) -> None:
+        # Only the API server's window can have recorded: time, no engine step. Its raw file is
+        # deleted unmerged. A few unlinks, done here: the export executor may be busy merging an
+        # earlier capture, and the stop's answer waits for this one's end.
+        raws = [merge.raw_trace_path(capture.dir, p.raw_file) for p in capture.processes if p.raw_file]
+        merge.remove_raw(capture.dir, [raw for raw in raws if raw is not None])
+        for rec in capture.processes:
+            rec.raw_file, rec.bytes = None, 0
+        await super()._cancel(capture)
 
     async def _export(self, capture: Capture) -> None:
         loop = asyncio.get_running_loop()

@@ -10,8 +10,11 @@ run     the probes' reports move each process through the kind's table (job_stat
 stop    a stop request (or the timeout) sends ``stop`` and gives the processes ``stop_grace_s`` to
         report; those that do not are lost
 finish  when every process has ended the job leaves the one-job slot and the kind finishes it
-        (``_finish``: a capture exports, a scan merges), then ``_conclude`` gives the verdict, saves
-        it, tells ``on_finished`` and keeps only the newest ``keep`` finished jobs of the kind.
+        (``_finish``: a capture exports, a scan merges), then ``_conclude`` gives the verdict; or,
+        when its user stopped it before any step-driven process recorded (jobs.cancelled), the kind
+        drops what it holds (``_cancel``) and the job is ``cancelled``, never judged. Either way
+        ``_settle`` saves it, tells ``on_finished`` and keeps only the newest ``keep`` finished jobs
+        of the kind.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, TypeVar
 
 from ..protocol import P_ARMED, P_DONE, P_FAILED, Begin, FromSidecar, JobReport, Stop
 from . import arming
-from .job_states import ARMED, FINAL, P_LOST
-from .jobs import Job, JobKind, NoProbes, ProcessRun, verdict
+from .job_states import ARMED, CANCELLED, FINAL, P_LOST
+from .jobs import CANCELLED_REASON, Job, JobKind, NoProbes, ProcessRun, cancelled, verdict
 from .params import JobRequest, ParamError
 from .registry import ProbeConnection, ProbeRegistry
 
@@ -37,6 +40,9 @@ log = logging.getLogger(__name__)
 J = TypeVar("J", bound=Job)
 
 STOP_GRACE_S = 10.0  # after a stop request, how long processes have to report before they are lost
+# How long a user's stop of an armed job waits for the job to end before it answers: armed probes
+# end at once on a stop, so the answer can be the final state ("cancelled") rather than "armed".
+STOP_REPLY_S = 2.0
 
 
 class JobManager(Generic[J]):
@@ -82,6 +88,11 @@ class JobManager(Generic[J]):
         """Every process has ended and the job has left the slot: produce its result and call
         ``_conclude``."""
         raise NotImplementedError
+
+    async def _cancel(self, job: J) -> None:
+        """Every process has ended, none recorded a step, and the user asked for the stop: drop
+        whatever the job holds (a kind's override) and end it ``cancelled``."""
+        self._settle(job, CANCELLED, CANCELLED_REASON)
 
     def _save(self, job: J) -> None:
         raise NotImplementedError
@@ -131,10 +142,20 @@ class JobManager(Generic[J]):
         return chosen if window_processes else [c for c in chosen if c.identity.step_driven]
 
     async def stop(self, reason: str = "stopped by request") -> J | None:
+        """The user's stop of the running job (None: none runs). A job that has recorded no step
+        yet is given ``STOP_REPLY_S`` to end, so that the caller reads its true state: mostly
+        ``cancelled``, else still ``armed``."""
         job = self._active
         if job is None:
             return None
+        if job.stop_reason is None:  # after the timeout's stop, the timeout remains the cause
+            job.stopped_by_user = True
         await self._request_stop(job, reason)
+        if job.stopped_by_user and job.state == ARMED:
+            try:
+                await asyncio.wait_for(job.done_event.wait(), STOP_REPLY_S)
+            except asyncio.TimeoutError:
+                pass
         return job
 
     async def _request_stop(self, job: J, reason: str) -> None:
@@ -163,7 +184,7 @@ class JobManager(Generic[J]):
             if rec.state == P_ARMED and rec.steps_seen is None:
                 job.move(rec, P_LOST, f"did not answer 'arm' within {self._arm_reply_s:g} s")
         if replied:
-            fastest = max(p.conn.step_rate for p in replied)
+            fastest = arming.fastest_rate(p.conn.step_rate for p in replied)
             job.start_step = arming.start_step((p.steps_seen for p in replied), fastest, job.request.delay)
             begin = Begin(job_id=job.id, start_step=job.start_step)
             for rec in replied:
@@ -196,6 +217,10 @@ class JobManager(Generic[J]):
         if not rec.step_driven:
             return  # a window process starts at "arm"; it has no start step to agree on
         rec.steps_seen = report.steps_seen or 0
+        if report.steps_seen is not None:
+            # The probe's count as of now: with a heartbeat's, a rate where none was measured yet (a
+            # capture right after the sidecar's restart, before the second heartbeat).
+            rec.conn.observe_steps(report.steps_seen, time.time())
         if all(p.steps_seen is not None or p.ended for p in job.step_driven):
             job.armed_event.set()
 
@@ -207,7 +232,8 @@ class JobManager(Generic[J]):
                 job.notes.append(
                     f"{rec.label} started at step {rec.first_step}, not {job.start_step}: "
                     "the begin message reached it late, so its steps differ from the others'")
-            if job.state == ARMED:
+            # An API server's window opens at "arm": only a step-driven process records steps.
+            if job.state == ARMED and rec.step_driven:
                 job.advance(self.kind.running)
         elif report.state == P_FAILED:
             job.move(rec, P_FAILED, report.error or "failed")
@@ -233,11 +259,18 @@ class JobManager(Generic[J]):
         # Checked again: ``_on_progress`` may wait, and another event may have ended the job.
         if job is self._active and job.all_ended():
             self._active = None
-            await self._finish(job)
+            if cancelled(job):
+                await self._cancel(job)
+            else:
+                await self._finish(job)
 
     def _conclude(self, job: J, problems: list[str], *, has_result: bool) -> None:
-        state, job.reason = verdict(job, problems, has_result=has_result)
+        self._settle(job, *verdict(job, problems, has_result=has_result))
+
+    def _settle(self, job: J, state: str, reason: str | None) -> None:
+        """The job's final state: saved, told to ``on_finished``, then retention."""
         job.advance(state)
+        job.reason = reason
         job.finished_at = time.time()
         job.done_event.set()
         self._save(job)

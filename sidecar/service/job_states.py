@@ -7,12 +7,15 @@ reports; a report whose state may not follow the process's current one is droppe
 (sidecar/service/job_manager.py) before anything of it is applied.
 
 Job states (``GET /profile/{id}``, ``GET /sync/{id}``, docs/api.md):
-  armed      probes told; no process has started recording yet
-  capturing  (captures) / scanning (scans): at least one process is recording
+  armed      probes told; no step-driven process has started recording yet (an API server's
+             window, open from "arm" on, records time, not steps)
+  capturing  (captures) / scanning (scans): at least one step-driven process is recording
   exporting  (captures) every process has ended; traces are compressed, merged and analysed
   done       every selected process recorded every step asked for
   partial    something exists but something is missing; ``reason`` says what
   failed     nothing usable; ``reason`` says why
+  cancelled  its user stopped it while it was armed, and no step-driven process recorded a step:
+             nothing is judged, merged or kept but the job's record
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
-from ..verdicts import DONE, FAILED, FINAL, PARTIAL
+from ..verdicts import CANCELLED, DONE, FAILED, FINAL, PARTIAL
 from ..protocol import P_ARMED, P_CAPTURING, P_DONE, P_EXPORTING, P_FAILED, P_SCANNING
 
 ARMED, CAPTURING, SCANNING, EXPORTING = "armed", "capturing", "scanning", "exporting"
@@ -32,18 +35,21 @@ P_TERMINAL = (P_DONE, P_FAILED, P_LOST)
 
 Table = Mapping[str, frozenset[str]]
 
+# The verdicts of a job that was not cancelled; only an armed job can be (nothing recorded yet).
+JUDGED = frozenset(FINAL) - {CANCELLED}
+
 CAPTURE_STATES: Table = MappingProxyType({
-    # Straight to exporting when every process ended before any recorded (stopped, lost, failed):
+    # Straight to exporting when every process ended before any recorded (lost, failed, a timeout):
     # the verdict is then given by the export, like any other.
-    ARMED: frozenset({CAPTURING, EXPORTING}),
+    ARMED: frozenset({CAPTURING, EXPORTING, CANCELLED}),
     CAPTURING: frozenset({EXPORTING}),
-    EXPORTING: frozenset(FINAL),
+    EXPORTING: JUDGED,
 })
 
 SCAN_STATES: Table = MappingProxyType({
     # A scan has nothing to export: the merge of the processes' sites is immediate.
     ARMED: frozenset({SCANNING, *FINAL}),
-    SCANNING: frozenset(FINAL),
+    SCANNING: JUDGED,
 })
 
 CAPTURE_PROCESS_STATES: Table = MappingProxyType({

@@ -123,6 +123,7 @@ class Job:
     state: str = st.ARMED
     reason: str | None = None
     stop_reason: str | None = None
+    stopped_by_user: bool = False  # its user's stop request came first (not the timeout's)
     created_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     start_step: int | None = None  # the common first working step sent in "begin"
@@ -149,6 +150,16 @@ class Job:
 
     def all_ended(self, processes: list[Any] | None = None) -> bool:
         return all(p.ended for p in (self.processes if processes is None else processes))
+
+
+CANCELLED_REASON = "cancelled by the user before any step was recorded"
+
+
+def cancelled(job: Job) -> bool:
+    """Whether a job whose processes have all ended is ``cancelled`` rather than judged: its user
+    stopped it while it was armed, and no step-driven process began recording since (the job would
+    have moved on to capturing / scanning). Asked before the kind moves the job on."""
+    return job.stopped_by_user and job.state == st.ARMED
 
 
 def verdict(job: Job, problems: list[str], *, has_result: bool) -> tuple[str, str | None]:

@@ -14,6 +14,10 @@ from ..protocol import FromSidecar, ProcessIdentity, encode
 
 log = logging.getLogger(__name__)
 
+# Two counts closer than this give no rate: the heartbeat comes every 2 s, and a shorter interval
+# measured on the sidecar's side is mostly the jitter of delivery.
+MIN_RATE_INTERVAL_S = 0.5
+
 
 @dataclass(eq=False)
 class ProbeConnection:
@@ -22,14 +26,26 @@ class ProbeConnection:
     ws: web.WebSocketResponse
     connected_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
-    steps: int = 0
-    step_rate: float = 0.0  # working steps per second, from the last two heartbeats
+    steps: int = 0  # the latest working-step count the probe sent
+    # Working steps per second between two counts received on this connection; None until then.
+    step_rate: float | None = None
     sync_watch: dict[str, Any] | None = None  # the probe's latest always-on sync watch report
+    # (count, when received): what the next rate is measured from.
+    _baseline: tuple[int, float] | None = field(default=None, init=False, repr=False)
 
     def observe_steps(self, steps: int, now: float) -> None:
-        elapsed = now - self.last_seen
-        if elapsed > 0.5 and steps >= self.steps:
-            self.step_rate = (steps - self.steps) / elapsed
+        """A working-step count the probe sent (a heartbeat, an "armed" report). A count is the
+        process's total since the engine started, so the first on a connection is only a baseline:
+        after a sidecar restart it may hold days of steps, which are no rate."""
+        if self._baseline is None:
+            self._baseline = (steps, now)
+        else:
+            base_steps, base_at = self._baseline
+            elapsed = now - base_at
+            if elapsed >= MIN_RATE_INTERVAL_S:  # a closer count keeps the older baseline
+                if steps >= base_steps:
+                    self.step_rate = (steps - base_steps) / elapsed
+                self._baseline = (steps, now)
         self.steps, self.last_seen = steps, now
 
     async def send(self, msg: FromSidecar) -> bool:
@@ -52,7 +68,7 @@ class ProbeConnection:
             "cuda": ident.cuda,
             "engine": ident.engine,
             "last_step": self.steps,
-            "step_rate": round(self.step_rate, 1),
+            "step_rate": round(self.step_rate, 1) if self.step_rate is not None else None,
             "connected_at": self.connected_at,
             "last_seen": self.last_seen,
         }

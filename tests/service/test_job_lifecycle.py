@@ -62,9 +62,10 @@ async def test_capture_arms_begins_at_one_step_with_delay_and_finishes_done(worl
     assert not sent(api, Begin), "the API server records a window from arm on"
 
     await world.capture_report(api, capture.id, "capturing")
-    assert capture.state == "capturing"
+    assert capture.state == "armed", "the API server's window alone records no step"
     for conn in (core, w0):
         await world.capture_report(conn, capture.id, "capturing", first_step=start)
+        assert capture.state == "capturing"
         await world.capture_report(conn, capture.id, "exporting", steps_recorded=2, first_step=start)
     assert not sent(api, Stop)
     await world.capture_report(core, capture.id, "done", steps_recorded=2, file=str(capture.dir / "raw" / "c.json"), bytes=9)
@@ -92,7 +93,7 @@ async def test_a_scan_uses_the_same_two_phase_arming(world):
     await world.sync_report(w0, scan.id, "armed", steps_seen=7)
     await world.sync_report(w1, scan.id, "armed", steps_seen=9)
     await until(lambda: sent(w1, Begin))
-    assert sent(w0, Begin)[0].start_step == 9 + lead_steps(0.0) + 5
+    assert sent(w0, Begin)[0].start_step == 9 + lead_steps(None) + 5, "no rate measured: the fallback lead"
     site = {"file": "/m.py", "path": "m.py", "line": 3, "function": "f", "op": "item", "phase": "forward",
             "count": 2, "count_per_step": 1.0, "blocked_us": 1.0, "first_step": 0, "last_step": 1,
             "classification": "hidden", "reason": ""}
@@ -117,7 +118,7 @@ async def test_one_job_at_a_time_across_kinds(world, fake_merge):
         await world.scans.start(ScanRequest(steps=1))
     await world.scans.stop()
     await until(lambda: world.board.active is None)
-    assert scan.state == "failed" and scan.reason.startswith("stopped by request")
+    assert scan.state == "cancelled", "stopped by its user before any step"
     capture = await world.captures.start(CaptureRequest(steps=1))
     with pytest.raises(JobBusy) as busy:
         await world.scans.start(ScanRequest(steps=1))
@@ -255,3 +256,82 @@ async def test_retention_keeps_the_newest_finished_jobs_of_each_kind(tmp_path):
         assert scan.state == "done" and scan.new_sites == []
     finally:
         await restarted.close()
+
+
+# -- a stop before any step (issue #10, defect 8) ---------------------------------------------------
+NOT_STARTED = "no step recorded before the job ended (stopped by request)"  # an armed probe's answer to a stop
+
+
+async def test_a_stop_before_the_start_step_cancels_the_capture_and_drops_the_window(world, fake_merge, tmp_path):
+    core, w0, api = world.connect("engine_core"), world.connect("worker", 0), world.connect("api_server")
+    capture = await world.captures.start(CaptureRequest(steps=5))
+    await world.capture_report(api, capture.id, "capturing")  # the API server's window opens at arm
+    for conn in (core, w0):
+        await world.capture_report(conn, capture.id, "armed", steps_seen=10)
+    await until(lambda: sent(w0, Begin))
+    raw = tmp_path / "probe-root" / "captures" / capture.id / "raw" / "api.json"
+    raw.parent.mkdir(parents=True)
+    raw.write_text('{"traceEvents": []}')
+
+    stopping = asyncio.ensure_future(world.captures.stop("stopped by request"))
+    await until(lambda: all(sent(c, Stop) for c in (core, w0, api)))
+    assert capture.state == "armed", "nothing records steps yet"
+    for conn in (core, w0):  # an armed probe ends at once (sidecar/step_window.py)
+        await world.capture_report(conn, capture.id, "failed", error=NOT_STARTED)
+    await world.capture_report(api, capture.id, "exporting")
+    await world.capture_report(api, capture.id, "done", file=str(raw), bytes=19)
+    assert (await stopping).state == "cancelled", "the stop's answer is the job's true state"
+    assert capture.reason == "cancelled by the user before any step was recorded"
+    assert capture.trace_file is None and capture.headline is None and capture.summary_file is None
+    assert capture.files() == [] and fake_merge == [], "the API server's window alone is not merged"
+    assert not raw.exists() and not raw.parent.parent.exists(), "its raw file is deleted"
+    assert world.finished == [capture] and world.board.active is None
+    assert json.loads((capture.dir / "capture.json").read_text())["state"] == "cancelled"
+
+
+async def test_a_stop_before_the_start_step_cancels_a_scan(world):
+    w0, w1 = world.connect("worker", 0), world.connect("worker", 1)
+    scan = await world.scans.start(ScanRequest(steps=3))
+    for conn in (w0, w1):
+        await world.sync_report(conn, scan.id, "armed", steps_seen=4)
+    await until(lambda: sent(w1, Begin))
+    stopping = asyncio.ensure_future(world.scans.stop("stopped by request"))
+    await until(lambda: sent(w0, Stop) and sent(w1, Stop))
+    for conn in (w0, w1):
+        await world.sync_report(conn, scan.id, "failed", error=NOT_STARTED)
+    assert (await stopping).state == "cancelled"
+    assert scan.reason == "cancelled by the user before any step was recorded" and scan.sites == []
+    assert world.finished == [scan] and world.board.active is None
+    saved = json.loads((world.trace_dir / "scans" / f"{scan.id}.json").read_text())
+    assert saved["state"] == "cancelled"
+
+
+async def test_a_stop_that_crosses_the_start_keeps_the_steps_recorded(world, fake_merge):
+    w0, w1 = world.connect("worker", 0), world.connect("worker", 1)
+    capture = await world.captures.start(CaptureRequest(steps=5))
+    for conn in (w0, w1):
+        await world.capture_report(conn, capture.id, "armed", steps_seen=1)
+    await until(lambda: sent(w1, Begin))
+    stopping = asyncio.ensure_future(world.captures.stop("stopped by request"))
+    await until(lambda: sent(w0, Stop) and sent(w1, Stop))
+    # w0 had begun when the stop reached it: it records the step it is in; w1 was still armed.
+    await world.capture_report(w0, capture.id, "capturing", first_step=capture.start_step)
+    await world.capture_report(w1, capture.id, "failed", error=NOT_STARTED)
+    await world.capture_report(w0, capture.id, "exporting", steps_recorded=1)
+    await world.capture_report(w0, capture.id, "done", steps_recorded=1, file="w0.json", bytes=1)
+    await stopping
+    await capture.done_event.wait()
+    assert capture.state == "partial" and capture.reason.startswith("stopped by request; ")
+    assert capture.trace_file == "trace.json.gz"
+
+
+async def test_a_timeout_before_any_step_is_a_failure_not_a_cancellation(world, fake_merge):
+    w0 = world.connect("worker", 0)
+    capture = await world.captures.start(CaptureRequest(steps=2, timeout_s=0.2))
+    await world.capture_report(w0, capture.id, "armed", steps_seen=1)
+    await until(lambda: sent(w0, Stop), timeout=3)
+    # A user's stop after the timeout's changes nothing: the engine took no step in time.
+    assert await world.captures.stop() is capture
+    await world.capture_report(w0, capture.id, "failed", error=NOT_STARTED.replace("stopped by request", "timeout"))
+    await capture.done_event.wait()
+    assert capture.state == "failed" and capture.reason.startswith("timeout after 0.2 s")

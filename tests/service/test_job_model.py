@@ -126,7 +126,17 @@ def test_verdict_of_a_scan_says_scanned_and_merges_repeated_reasons():
     assert verdict(s, ["x", "x"], has_result=True) == ("partial", f"x; {rec.label}: scanned 1 of 4 steps")
 
 
+@pytest.mark.parametrize("table, running", [(st.CAPTURE_STATES, st.CAPTURING), (st.SCAN_STATES, st.SCANNING)])
+def test_only_a_job_that_recorded_nothing_can_be_cancelled(table, running):
+    assert st.allowed(table, st.ARMED, st.CANCELLED)
+    for state in table:
+        if state != st.ARMED:
+            assert not st.allowed(table, state, st.CANCELLED), state
+    assert st.CANCELLED in st.FINAL and st.CANCELLED not in table
+
+
 @pytest.mark.parametrize("seen, rate, delay, expected", [
+    ([10, 12], None, 0, 14),  # no rate measured yet (a new connection): the minimum lead
     ([10, 12], 0.0, 0, 14),  # the lead is at least 2 steps
     ([10, 12], 20.0, 0, 12 + 2 + 5),  # plus a quarter second at the fastest rate
     ([10, 12], 20.0, 7, 12 + 2 + 5 + 7),  # delay: working steps skipped, added by the sidecar only
@@ -134,3 +144,9 @@ def test_verdict_of_a_scan_says_scanned_and_merges_repeated_reasons():
 ])
 def test_the_common_start_step(seen, rate, delay, expected):
     assert arming.start_step(seen, rate, delay) == expected
+
+
+def test_the_fastest_rate_ignores_processes_with_no_rate_yet():
+    assert arming.fastest_rate([None, 3.0, 250.0, None]) == 250.0
+    assert arming.fastest_rate([None, None]) is None
+    assert arming.fastest_rate([0.0]) == 0.0

@@ -12,6 +12,7 @@ from sidecar import auth
 from sidecar.protocol import (PROBE_WS_PATH, PROTOCOL_VERSION, Arm, Begin, CaptureReport, Challenge, Heartbeat, Hello,
                               Proof, Stop, decode_from_sidecar, encode)
 from sidecar.service.app import ServiceSettings, make_app
+from sidecar.verdicts import FINAL
 
 from service_fakes import identity
 
@@ -203,9 +204,9 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     await core.send(CaptureReport(job_id=second, state="failed", error="no step recorded before the capture ended"))
     for _ in range(500):
         status = await (await client.get(f"/profile/{second}")).json()
-        if status["state"] in ("done", "partial", "failed"):
+        if status["state"] in FINAL:
             break
         await asyncio.sleep(0.02)
-    assert status["state"] == "failed"
+    assert status["state"] == "cancelled" and status["reason"] == "cancelled by the user before any step was recorded"
     lost = next(p for p in status["processes"] if p["role"] == "worker")
     assert lost["state"] == "lost" and lost["error"] == "probe disconnected during the capture"
