@@ -10,6 +10,12 @@ registered and sent anything more. Every later frame is decoded and validated as
 (``protocol.decode_from_probe``) before anything of it is applied; a malformed one is logged and
 dropped, and the connection goes on. Heartbeats update the process's step count and sync watch;
 job reports go to the job board, which routes them by job id.
+
+On shutdown every probe websocket, registered or still in its handshake, is closed (1001, going
+away) with a bounded wait: aiohttp waits for open handlers before it exits (``shutdown_timeout``,
+60 s by default), and a websocket's handler only ends when its connection does, which left the
+sidecar waiting 9-17 s on SIGTERM for its probes' own heartbeat timeouts. The probes reconnect, with
+backoff, to the next sidecar.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import asyncio
 import logging
 import time
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from .. import auth
 from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, CaptureReport, Challenge, Heartbeat, Hello, Proof, ProtocolError,
@@ -32,6 +38,10 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0  # for the hello, then for the proof
 MAX_CLOSE_REASON = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
 MAX_MESSAGE_BYTES = 1 << 20
+CLOSE_TIMEOUT_S = 1.0  # at shutdown: how long the probes have to answer the close, all together
+
+# Every probe websocket open now, handshake or not (the registry holds only authenticated ones).
+PROBE_SOCKETS = web.AppKey("probe_sockets", set)
 
 
 def close_reason(text: str) -> bytes:
@@ -43,11 +53,22 @@ async def probe_ws(request: web.Request) -> web.StreamResponse:
     app = request.app
     ws = web.WebSocketResponse(heartbeat=10, max_msg_size=MAX_MESSAGE_BYTES)
     await ws.prepare(request)
+    sockets = app[PROBE_SOCKETS]
+    sockets.add(ws)
+    try:
+        await _session(request, ws)
+    finally:
+        sockets.discard(ws)
+    return ws
+
+
+async def _session(request: web.Request, ws: web.WebSocketResponse) -> None:
+    app = request.app
     hello = await _receive_hello(ws, request.remote)
     if hello is None:
-        return ws
+        return
     if not await _authenticate(ws, hello, app[SETTINGS].probe_token, request.remote):
-        return ws
+        return
     conn = app[REGISTRY].add(hello.process, ws)
     log.info("probe connected: %s", conn.identity.label)
     try:
@@ -56,7 +77,6 @@ async def probe_ws(request: web.Request) -> web.StreamResponse:
         app[REGISTRY].remove(conn)
         log.info("probe disconnected: %s", conn.identity.label)
         await app[JOBS].on_probe_lost(conn)
-    return ws
 
 
 async def _receive_hello(ws: web.WebSocketResponse, peer: str | None) -> Hello | None:
@@ -133,5 +153,21 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, jobs: JobBoar
         log.warning("probe %s: %d malformed messages dropped on this connection", conn.identity.label, dropped)
 
 
+async def close_probe_sockets(app: web.Application) -> None:
+    """Close every probe websocket at once, waiting at most ``CLOSE_TIMEOUT_S`` for the probes' answers;
+    a probe that does not answer in time (its process stuck, its host gone) has its connection dropped."""
+    closing = [asyncio.ensure_future(ws.close(code=WSCloseCode.GOING_AWAY, message=b"sidecar shutting down"))
+               for ws in list(app[PROBE_SOCKETS])]
+    if not closing:
+        return
+    _, late = await asyncio.wait(closing, timeout=CLOSE_TIMEOUT_S)
+    for task in late:
+        task.cancel()  # WebSocketResponse.close, cancelled, closes the transport
+    await asyncio.gather(*closing, return_exceptions=True)
+
+
 def add_probe_channel(app: web.Application) -> None:
+    app[PROBE_SOCKETS] = set()
     app.router.add_get(PROBE_WS_PATH, probe_ws)
+    # on_shutdown runs before aiohttp waits for the open handlers (cleanup_ctx only after that wait).
+    app.on_shutdown.append(close_probe_sockets)

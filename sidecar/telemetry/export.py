@@ -5,6 +5,11 @@ When the queue is full the oldest span is dropped; when an export fails its batc
 way the drop is counted (``dropped``, and ``on_drop(count, reason)``, which telemetry setup wires to
 the ``sidecar.telemetry.spans.dropped`` counter) and logged once per outage, not per span.
 Modelled on the OpenTelemetry SDK's batch processor, which drops but only logs.
+
+``shutdown`` is bounded: it gives the thread one last round of at most ``timeout_millis`` (1 s by
+default, not the SDK's 30 s: ``TracerProvider.shutdown`` passes none), then shuts the exporter down,
+which ends an OTLP exporter's retries (backoff for up to ``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s, against
+a dead endpoint). What is still queued then is dropped and counted (``shutdown``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ log = logging.getLogger(__name__)
 DROP_QUEUE_FULL = "queue_full"
 DROP_EXPORT_FAILED = "export_failed"
 DROP_SHUTDOWN = "shutdown"
+SHUTDOWN_TIMEOUT_MS = 1000
 
 
 class BoundedSpanProcessor(SpanProcessor):
@@ -154,10 +160,18 @@ class BoundedSpanProcessor(SpanProcessor):
                 self._flushed.wait(min(left, 0.05))
         return True
 
-    def shutdown(self, timeout_millis: int = 30000) -> None:
+    def shutdown(self, timeout_millis: float = SHUTDOWN_TIMEOUT_MS) -> None:
         if self._shutdown:
             return
         self._shutdown = True
         self._wake.set()
-        self._thread.join(timeout_millis / 1000)
+        self._thread.join(max(0.0, timeout_millis / 1000))
+        # An export still retrying gives up at once (the OTLP exporters wait out their backoff on an
+        # event that shutdown sets); the thread is a daemon, so a request still in flight never holds
+        # the process. A span that can no longer be exported is counted, like every other drop.
         self._exporter.shutdown()
+        with self._lock:
+            left = len(self._queue)
+            self._queue.clear()
+        if left:
+            self._drop(left, DROP_SHUTDOWN)

@@ -2,13 +2,20 @@
 
 Nothing is installed globally (no ``set_tracer_provider``): the caller keeps the ``Telemetry`` object,
 and tests pass in-memory exporters and readers instead of the OTLP ones.
+
+At exit each ``Telemetry`` shuts itself down within ``SHUTDOWN_TIMEOUT_S`` (last samples, last span
+batch, last metric export). The SDK's own exit handlers are off: theirs wait up to 30 s per provider,
+and against a dead OTLP endpoint each final export retried with backoff for up to 10 s, which kept
+an engine's API server from exiting for 14-30 s after SIGTERM.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
+import time
 import uuid
 from typing import Callable, Mapping, Sequence
 
@@ -36,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SCOPE = "inference-sidecar"
 STEP_DRAIN_INTERVAL_S = 1.0
+SHUTDOWN_TIMEOUT_S = 2.0  # all of a process's telemetry shutdown, dead backends included
 
 
 def make_resource(role: str, rank: int | None = None, service_name: str = GENERIC.service_name) -> Resource:
@@ -101,6 +109,7 @@ class Telemetry:
         self.push_exporter: SidecarMetricExporter | None = None
         self._tasks = PeriodicTasks()
         self._gpu: GpuSampler | None = None
+        self._closed = False
 
         readers = list(metric_readers or [])
         if settings.enabled and metric_readers is None:
@@ -111,7 +120,8 @@ class Telemetry:
             if settings.otlp_metrics:
                 readers.append(_otlp_metric_reader(settings))
         self.meter_provider: ApiMeterProvider = (
-            MeterProvider(resource=resource, metric_readers=readers) if settings.enabled else NoOpMeterProvider())
+            MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+            if settings.enabled else NoOpMeterProvider())
         self.meter: Meter = self.meter_provider.get_meter(SCOPE, __version__)
 
         self.tracer_provider: TracerProvider | None = None
@@ -126,12 +136,17 @@ class Telemetry:
                 schedule_delay_s=settings.span_schedule_delay_ms / 1000,
                 on_drop=lambda n, reason: dropped.add(n, {"reason": reason}))
             # Request spans take the ids chosen when their request arrived (inflight.py).
-            self.tracer_provider = TracerProvider(resource=resource, id_generator=PresetIdGenerator())
+            self.tracer_provider = TracerProvider(resource=resource, id_generator=PresetIdGenerator(),
+                                                  shutdown_on_exit=False)
             self.tracer_provider.add_span_processor(self.span_processor)
             self.tracer: trace.Tracer = self.tracer_provider.get_tracer(SCOPE, __version__)
         else:
             self.tracer = trace.NoOpTracer()
         self.requests = RequestInstruments(self.meter)
+        if settings.enabled:
+            # Held until exit, as the SDK's handlers held the providers: the engine object that owns
+            # this may be gone by then, and its last export must still happen, bounded.
+            atexit.register(self.shutdown)
 
     @property
     def traces_on(self) -> bool:
@@ -162,13 +177,31 @@ class Telemetry:
     def run_tasks_once(self) -> None:
         self._tasks.run_once()
 
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        self._tasks.stop()
+    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Flush and stop, returning within about ``timeout_s`` whatever the backends do: spans get up
+        to half of it, metrics the rest; an export still retrying then is abandoned (and counted)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        deadline = time.monotonic() + timeout_s
+
+        def left_s() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        self._tasks.stop(timeout_s=left_s() / 4)
         self._tasks.run_once()  # last step drain and samples, so they are in the final export
+        if self.span_processor is not None:
+            self.span_processor.shutdown(timeout_millis=left_s() / 2 * 1000)
         if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
+            self.tracer_provider.shutdown()  # its one processor is already shut down: returns at once
         if isinstance(self.meter_provider, MeterProvider):
-            self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+            try:
+                # Readers one after another, each with what is left; each one's exporter is shut down
+                # when its time is up, which ends an OTLP exporter's retries.
+                self.meter_provider.shutdown(timeout_millis=left_s() * 1000)
+            except Exception as exc:  # a reader the deadline left no time for: its last export is lost
+                log.debug("inference-sidecar: metric shutdown incomplete: %s", exc)
         if self._gpu is not None:
             self._gpu.close()
 
