@@ -25,6 +25,21 @@ from pathlib import Path
 
 from . import config
 
+# A token is a secret only if it cannot be guessed: the sidecar's own are 43 characters
+# (secrets.token_urlsafe(32)); one given by hand must have at least this many. It travels in an HTTP
+# header and is read back from a file stripped, so only visible ASCII, no spaces.
+MIN_TOKEN_CHARS = 16
+_VISIBLE_ASCII = re.compile(r"[!-~]+")
+
+
+def token_problem(token: str) -> str | None:
+    """Why ``token`` cannot be the shared secret (None: it can)."""
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"a token must have at least {MIN_TOKEN_CHARS} characters, this one has {len(token)}"
+    if not _VISIBLE_ASCII.fullmatch(token):
+        return "a token must be visible ASCII characters only (no spaces): it is sent in an HTTP header"
+    return None
+
 
 def read_token() -> str | None:
     """The token a probe presents: $SIDECAR_TOKEN, else the token file the sidecar wrote."""
@@ -40,7 +55,9 @@ def read_token() -> str | None:
 def ensure_token_file(path: Path, token: str | None) -> str:
     """Make sure ``path`` holds the sidecar's token (creating a random one if none is given).
 
-    An existing file is reused so that a restarted sidecar keeps the secret its probes already know.
+    An existing file is reused so that a restarted sidecar keeps the secret its probes already know;
+    one that holds no valid token (written by hand, or by a version that took any) raises ValueError
+    rather than being replaced behind the user's back or kept as a weak secret.
     """
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if token is None:
@@ -48,6 +65,10 @@ def ensure_token_file(path: Path, token: str | None) -> str:
             existing = path.read_text().strip()
         except OSError:
             existing = ""
+        problem = token_problem(existing) if existing else None
+        if problem:
+            raise ValueError(f"the token file {path} holds no usable token ({problem}): "
+                             "delete it for a new random one, or write a longer one")
         token = existing or secrets.token_urlsafe(32)
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -58,9 +79,13 @@ def ensure_token_file(path: Path, token: str | None) -> str:
 
 
 def bearer_matches(header: str | None, token: str) -> bool:
-    if not header or not header.startswith("Bearer "):
+    """``Authorization: Bearer <token>``; the scheme name is case-insensitive (RFC 7235 2.1)."""
+    parts = (header or "").split(None, 1)
+    if len(parts) != 2 or parts[0].lower() != "bearer":
         return False
-    return hmac.compare_digest(header[len("Bearer "):].strip().encode(), token.encode())
+    given = parts[1].strip()
+    # A token is ASCII (token_problem); a header's other bytes arrive as surrogates, which encode() refuses.
+    return given.isascii() and hmac.compare_digest(given.encode(), token.encode())
 
 
 # -- proofs of the token, for the probe channel and the metric push ---------------------------------------

@@ -66,3 +66,81 @@ def test_serves_trace_dir_defaults_to_the_shared_trace_root_when_set(monkeypatch
     assert build_parser("serve").parse_args(["serve"]).trace_dir == tmp_path / "shared"
     flag = build_parser("serve").parse_args(["serve", "--trace-dir", str(tmp_path / "mine")])
     assert flag.trace_dir == tmp_path / "mine"  # the flag overrides
+
+
+def _serve_env(tmp_path, **extra):
+    """The user's environment without a token, and a token file of the test's own."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SIDECAR_TOKEN"}
+    return {**env, "SIDECAR_TOKEN_FILE": str(tmp_path / "token"), **extra}
+
+
+def test_serve_refuses_a_short_token_from_the_flag_or_the_environment(tmp_path):
+    base = ("serve", "--port", "0", "--trace-dir", str(tmp_path / "traces"))
+    for args, env in [(("--token", "short"), _serve_env(tmp_path)),
+                      ((), _serve_env(tmp_path, SIDECAR_TOKEN="x" * 15)),
+                      (("--token", "sixteen chars ok"), _serve_env(tmp_path))]:  # 16, but a space
+        result = run(*base, *args, env=env)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "token" in result.stderr and "Traceback" not in result.stderr
+        assert not (tmp_path / "token").exists(), "a refused token must not be written for the probes"
+    assert "at least 16 characters" in run(*base, "--token", "a", env=_serve_env(tmp_path)).stderr
+
+
+def test_serve_refuses_a_short_token_left_in_the_token_file(tmp_path):
+    (tmp_path / "token").write_text("a\n")
+    result = run("serve", "--port", "0", "--trace-dir", str(tmp_path / "traces"), env=_serve_env(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert str(tmp_path / "token") in result.stderr and "at least 16 characters" in result.stderr
+
+
+def test_serve_help_says_token_shows_in_ps_and_names_the_environment():
+    result = run("serve", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "SIDECAR_TOKEN" in text and "ps" in text and "at least 16" in text
+
+
+def test_a_served_sidecar_answers_in_json_even_what_the_http_parser_refuses(tmp_path):
+    """`sidecar serve` itself, on a free port: its startup line gives the port; `--token` warns that
+    `ps` shows it; a lower-case bearer scheme is taken; a request aiohttp's parser refuses (an unknown
+    method), answered before any of the app's code runs, is still JSON; SIGTERM ends it cleanly."""
+    import json
+    import re
+    import socket
+    import urllib.request
+
+    token = "a-token-for-this-test-0123"
+    proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "serve", "--port", "0", "--token", token,
+                             "--trace-dir", str(tmp_path / "traces")],
+                            stderr=subprocess.PIPE, text=True, env=_serve_env(tmp_path))
+    try:
+        lines = []
+        for line in proc.stderr:  # bounded by pytest's timeout should the sidecar hang
+            lines.append(line)
+            if "listening on" in line:
+                break
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", lines[-1])
+        assert found, lines
+        port = int(found.group(1))
+        warning = " ".join(lines[:-1])
+        assert "--token" in warning and "ps" in warning and "SIDECAR_TOKEN" in warning, lines
+
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"FOO /profile/start HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.split(b"\r\n")[0].split()[1] == b"400", data
+        assert b"content-type: application/json" in head.lower(), data
+        assert json.loads(body)["error"] == "bad_request"
+
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/processes",
+                                         headers={"Authorization": f"bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert json.loads(resp.read()) == {"processes": []}
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0

@@ -106,3 +106,53 @@ def test_scan_requests():
         with pytest.raises(ParamError) as info:
             parse_scan_request(params, max_steps=10)
         assert info.value.param == param
+
+
+# int() and float() take more than the API means by a number: other scripts' digits ("٥", Arabic-Indic
+# five), "_" separators, and float() "inf", "nan", "infinity". Only ASCII digits are numbers here.
+@pytest.mark.parametrize("params, param", [
+    ({"steps": "\u0665"}, "steps"),
+    ({"steps": "1_0"}, "steps"),
+    ({"steps": "\uff15"}, "steps"),  # fullwidth five
+    ({"steps": "0x10"}, "steps"),
+    ({"steps": ""}, "steps"),
+    ({"steps": "+"}, "steps"),
+    ({"steps": "9" * 5000}, "steps"),  # over int()'s own digit limit: still a 400, never a 500
+    ({"steps": 5, "delay": "\u0661"}, "delay"),
+    ({"steps": 5, "delay": "1_0"}, "delay"),
+    ({"steps": 5, "timeout_s": "1_0"}, "timeout_s"),
+    ({"steps": 5, "timeout_s": "\u0665"}, "timeout_s"),
+    ({"steps": 5, "timeout_s": "Infinity"}, "timeout_s"),
+    ({"steps": 5, "timeout_s": "-inf"}, "timeout_s"),
+    ({"steps": 5, "timeout_s": "1e999"}, "timeout_s"),
+    ({"steps": 5, "timeout_s": "0x10"}, "timeout_s"),
+    ({"steps": 5, "timeout_s": "."}, "timeout_s"),
+    ({"steps": 5, "stacks": "sampled", "stack_hz": "1_00"}, "stack_hz"),
+    ({"steps": 5, "stacks": "sampled", "stack_hz": "\u0665\u0660"}, "stack_hz"),
+    ({"steps": 5, "stacks": "sampled", "stack_hz": "inf"}, "stack_hz"),
+    ({"steps": 5, "processes": "worker:"}, "processes"),
+    ({"steps": 5, "processes": "worker: "}, "processes"),
+    ({"steps": 5, "processes": "worker:\u0661"}, "processes"),
+    ({"steps": 5, "processes": "worker:1_0"}, "processes"),
+    ({"steps": 5, "processes": "worker:-1"}, "processes"),
+    ({"steps": 5, "processes": "worker:1:2"}, "processes"),
+])
+def test_numbers_are_ascii_digits_only(params, param):
+    with pytest.raises(ParamError) as info:
+        parse(**params)
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize("params, field, value", [
+    ({"steps": " +7 "}, "steps", 7),
+    ({"steps": "007"}, "steps", 7),
+    ({"steps": 1, "timeout_s": " 2.5 "}, "timeout_s", 2.5),
+    ({"steps": 1, "timeout_s": "3"}, "timeout_s", 3.0),
+    ({"steps": 1, "timeout_s": ".5"}, "timeout_s", 0.5),
+    ({"steps": 1, "timeout_s": "5."}, "timeout_s", 5.0),
+    ({"steps": 1, "timeout_s": "1e2"}, "timeout_s", 100.0),
+    ({"steps": 1, "stacks": "sampled", "stack_hz": "2.5E2"}, "stack_hz", 250.0),
+    ({"steps": 1, "processes": "worker: 3 "}, "processes", (ProcessSelector("worker", 3),)),
+])
+def test_plain_ascii_numbers_are_still_accepted(params, field, value):
+    assert getattr(parse(**params), field) == value

@@ -7,6 +7,7 @@ health (here), the probe channel (probe_channel.py) and the metrics receiver.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
@@ -22,13 +23,15 @@ from .metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, add_metrics_rou
 from .params import ParamError
 from .probe_channel import add_probe_channel
 from .registry import ProbeRegistry
-from .responses import json_error
+from .responses import JSON, http_exception_json, json_error
 from .scan_routes import add_scan_routes
 from .scans import ScanManager
 from .settings import ServiceSettings
 from .sync_findings import SyncFindings, WatchCollector
 
 __all__ = ["ServiceSettings", "make_app"]
+
+log = logging.getLogger(__name__)
 
 # Paths the HTTP token does not guard: the health check needs none; the probe channel and the
 # metrics push never carry the token: their handlers check a proof of it (an HMAC, sidecar/auth.py).
@@ -37,6 +40,7 @@ _OPEN_PATHS = ("/healthz", PROBE_WS_PATH, METRICS_PUSH_PATH)
 
 @web.middleware
 async def errors_and_auth(request: web.Request, handler):
+    """The token check, and every error a view raises as JSON of the one shape (docs/api.md)."""
     token = request.app[SETTINGS].http_token
     if token and request.path not in _OPEN_PATHS:
         if not auth.bearer_matches(request.headers.get("Authorization"), token):
@@ -46,9 +50,17 @@ async def errors_and_auth(request: web.Request, handler):
     except ParamError as exc:
         return web.json_response(exc.to_json(), status=400)
     except web.HTTPException as exc:
-        if exc.status < 400:
+        # Views raise aiohttp's exceptions with text= (HTTPNotFound(text=...)); the router raises them bare.
+        if exc.status < 400 or exc.content_type == JSON:
             raise
-        return json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or exc.reason)
+        return http_exception_json(exc)
+    except ConnectionError:
+        raise  # the client left: nobody to answer
+    except Exception:
+        if request.writer.output_size:  # a response (a websocket) began: another cannot follow it
+            raise
+        log.exception("%s %s failed", request.method, request.path)
+        return json_error(500, "internal_server_error", "the sidecar failed on this request; its log says why")
 
 
 async def processes(request: web.Request) -> web.Response:

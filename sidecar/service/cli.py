@@ -8,8 +8,9 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Callable, Sequence
 
-from .. import config
+from .. import auth, config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace-dir", type=Path, default=Path(shared or "traces"),
                    help=f"where captures are written (default ${config.ENV_TRACE_DIR} when set, the engine's probes "
                         "write under it too; else ./traces)")
-    p.add_argument("--token", default=None, help=f"bearer token for the HTTP API and probes (or ${config.ENV_TOKEN}); required when --host is not loopback")
+    p.add_argument("--token", default=None,
+                   help=f"bearer token for the HTTP API and probes, at least {auth.MIN_TOKEN_CHARS} visible ASCII "
+                        f"characters; required when --host is not loopback. Every user of the host sees a "
+                        f"command line in ps: prefer ${config.ENV_TOKEN} in the environment")
     p.add_argument("--max-steps", type=int, default=config.DEFAULT_MAX_STEPS, help="largest steps= accepted (default %(default)s)")
     p.add_argument("--max-capture-mb", type=int, default=config.DEFAULT_MAX_CAPTURE_MB, help="size limit of one capture's traces (default %(default)s MiB)")
     p.add_argument("--keep", type=int, default=config.DEFAULT_KEEP_CAPTURES, help="finished captures kept on disk (default %(default)s)")
@@ -37,14 +41,37 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
+def _token(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The HTTP token (--token, else $SIDECAR_TOKEN, else none) and what is wrong with it, if anything."""
+    if args.token:
+        # /proc/<pid>/cmdline is readable by every user; /proc/<pid>/environ only by the same one.
+        print(f"sidecar serve: warning: --token is visible to every user of this host (ps); "
+              f"set ${config.ENV_TOKEN} in the environment instead", file=sys.stderr)
+    source = "--token" if args.token else f"${config.ENV_TOKEN}"
+    token = (args.token or os.environ.get(config.ENV_TOKEN, "")).strip() or None
+    problem = auth.token_problem(token) if token else None
+    return token, f"{source}: {problem}" if problem else None
 
-    from .. import auth
+
+def _listening(trace_dir: Path) -> Callable[[Sequence[tuple]], None]:
+    """What ``serve`` calls once bound: the real addresses (``--port 0`` picks a free one)."""
+
+    def announce(addresses: Sequence[tuple]) -> None:
+        where = ", ".join(f"http://[{a[0]}]:{a[1]}" if ":" in a[0] else f"http://{a[0]}:{a[1]}" for a in addresses)
+        print(f"sidecar: listening on {where}  traces in {trace_dir}", file=sys.stderr, flush=True)
+
+    return announce
+
+
+def _serve(args: argparse.Namespace) -> int:
     from .app import ServiceSettings, make_app
+    from .serving import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
-    token = args.token or os.environ.get(config.ENV_TOKEN) or None
+    token, problem = _token(args)
+    if problem:
+        print(f"sidecar serve: {problem}", file=sys.stderr)
+        return 2
     if not _is_loopback(args.host) and not token:
         print(f"sidecar serve: binding {args.host} exposes the API beyond this host; "
               f"give a token with --token or ${config.ENV_TOKEN}", file=sys.stderr)
@@ -56,7 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         probe_token = auth.ensure_token_file(config.token_file(), token)
         args.trace_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a token file that holds no usable token
         print(f"sidecar serve: {exc}", file=sys.stderr)
         return 2
     settings = ServiceSettings(
@@ -67,6 +94,6 @@ def _serve(args: argparse.Namespace) -> int:
         max_capture_bytes=args.max_capture_mb * 2**20,
         keep=args.keep,
     )
-    print(f"sidecar: listening on http://{args.host}:{args.port}  traces in {settings.trace_dir}", file=sys.stderr, flush=True)
-    web.run_app(make_app(settings), host=args.host, port=args.port, print=None, access_log=None)
+    # Not web.run_app: serving.serve answers in JSON even what aiohttp's HTTP parser refuses.
+    serve(make_app(settings), args.host, args.port, _listening(settings.trace_dir))
     return 0

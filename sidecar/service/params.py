@@ -5,6 +5,7 @@ typed requests."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -20,6 +21,12 @@ MIN_STACK_HZ = 1.0
 KNOWN = {"steps", "activities", "delay", "processes", "timeout_s", "with_stack", "stacks", "stack_hz",
          *BOOLEAN_OPTIONS}
 SCAN_KNOWN = {"steps", "delay", "processes", "timeout_s", "baseline"}
+
+# A number in a parameter is ASCII digits, nothing else: int() and float() also take other scripts'
+# digits ("\u0665", Arabic-Indic five) and "_" separators ("1_0"), and float() takes "inf" and "nan".
+INTEGER = re.compile(r"[+-]?[0-9]+")
+DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+RANK = re.compile(r"[0-9]+")
 
 
 class ParamError(ValueError):
@@ -81,13 +88,29 @@ def _int(params: Mapping[str, str], name: str, lo: int, hi: int, default: int | 
         if default is None:
             raise ParamError(name, "is required")
         return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ParamError(name, f"must be an integer, got {raw!r}") from None
+    value = _parse_int(raw, INTEGER)
+    if value is None:
+        raise ParamError(name, f"must be an integer, got {raw!r}")
     if not lo <= value <= hi:
         raise ParamError(name, f"must be between {lo} and {hi}, got {value}")
     return value
+
+
+def _parse_int(raw: str, pattern: re.Pattern[str]) -> int | None:
+    text = raw.strip()
+    if not pattern.fullmatch(text):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+        return None
+
+
+def _parse_float(raw: str) -> float | None:
+    """A finite decimal number in ASCII digits (1e999 overflows to inf: refused too), else None."""
+    text = raw.strip()
+    value = float(text) if DECIMAL.fullmatch(text) else math.nan
+    return value if math.isfinite(value) else None
 
 
 def _bool(params: Mapping[str, str], name: str) -> bool:
@@ -124,11 +147,10 @@ def _stacks(params: Mapping[str, str]) -> tuple[str, float]:
 
 
 def _number(raw: str, name: str, lo: float, hi: float) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ParamError(name, f"must be a number, got {raw!r}") from None
-    if not math.isfinite(value) or not lo <= value <= hi:
+    value = _parse_float(raw)
+    if value is None:
+        raise ParamError(name, f"must be a number, got {raw!r}")
+    if not lo <= value <= hi:
         raise ParamError(name, f"must be between {lo:g} and {hi:g}, got {raw!r}")
     return value
 
@@ -158,17 +180,18 @@ def _processes(raw: str | None, roles: tuple[str, ...]) -> tuple[ProcessSelector
     for item in (p.strip() for p in raw.split(",")):
         if not item:
             continue
-        role, _, rank = item.partition(":")
+        role, colon, rank = item.partition(":")
         role = role.strip().lower().replace("-", "_")
         if role not in roles:
             raise ParamError("processes", f"unknown role {role!r}; use {', '.join(roles)} (optionally role:rank)")
-        if rank:
-            try:
-                selectors.append(ProcessSelector(role, int(rank)))
-            except ValueError:
-                raise ParamError("processes", f"rank must be an integer in {item!r}") from None
-        else:
+        if not colon:
             selectors.append(ProcessSelector(role))
+            continue
+        # "worker:" is a mistake (a rank left out), not "every worker": refuse it rather than guess.
+        number = _parse_int(rank, RANK)
+        if number is None:
+            raise ParamError("processes", f"rank must be a non-negative integer after ':' in {item!r}")
+        selectors.append(ProcessSelector(role, number))
     if not selectors:
         raise ParamError("processes", "is empty")
     return tuple(selectors)
@@ -177,11 +200,10 @@ def _processes(raw: str | None, roles: tuple[str, ...]) -> tuple[ProcessSelector
 def _timeout(raw: str | None) -> float:
     if raw is None:
         return config.DEFAULT_CAPTURE_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ParamError("timeout_s", f"must be a number of seconds, got {raw!r}") from None
-    if not math.isfinite(value) or not 0 < value <= config.MAX_CAPTURE_TIMEOUT_S:
+    value = _parse_float(raw)
+    if value is None:
+        raise ParamError("timeout_s", f"must be a number of seconds, got {raw!r}")
+    if not 0 < value <= config.MAX_CAPTURE_TIMEOUT_S:
         raise ParamError("timeout_s", f"must be in (0, {config.MAX_CAPTURE_TIMEOUT_S:g}], got {raw!r}")
     return value
 

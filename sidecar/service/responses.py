@@ -2,16 +2,44 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from http import HTTPStatus
+from typing import Any, Mapping
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from multidict import CIMultiDict
 
-from .params import ParamError
+from .request_body import JSON, body_params
+
+__all__ = ["JSON", "error_code", "http_exception_json", "json_error", "start_params"]
 
 
-def json_error(status: int, error: str, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": error, "message": message, **extra}, status=status)
+def json_error(status: int, error: str, message: str, *, headers: Mapping[str, str] | None = None,
+               **extra: Any) -> web.Response:
+    return web.json_response({"error": error, "message": message, **extra}, status=status, headers=headers)
+
+
+# 413's phrase differs between Python versions (3.13: "Content Too Large"); the metric push says too_large.
+_CODES = {413: "too_large"}
+
+
+def error_code(status: int) -> str:
+    """The ``error`` of an answer that has no code of its own: its status's phrase, ``not_found``."""
+    if status in _CODES:
+        return _CODES[status]
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        return "error"
+    return phrase.lower().replace(" ", "_").replace("-", "_")
+
+
+def http_exception_json(exc: web.HTTPException) -> web.Response:
+    """``exc`` (raised with ``text=`` or none) as a JSON error: same status, message and headers (Allow,
+    Retry-After, ...) but its body's own."""
+    headers = CIMultiDict(exc.headers)
+    for name in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH):
+        headers.popall(name, None)
+    return json_error(exc.status, error_code(exc.status), exc.text or exc.reason, headers=headers)
 
 
 async def start_params(request: web.Request) -> dict[str, str]:
@@ -20,17 +48,5 @@ async def start_params(request: web.Request) -> dict[str, str]:
         raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"], text="use GET or POST")
     params = dict(request.query)
     if request.method == "POST" and request.can_read_body:
-        params.update(await _body_params(request))
+        params.update(await body_params(request))
     return params
-
-
-async def _body_params(request: web.Request) -> dict[str, str]:
-    if request.content_type == "application/json":
-        try:
-            body = await request.json()
-        except json.JSONDecodeError as exc:
-            raise ParamError("body", f"invalid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise ParamError("body", "must be a JSON object")
-        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in body.items()}
-    return {k: str(v) for k, v in (await request.post()).items()}
