@@ -84,7 +84,8 @@ def describe(status: dict[str, Any]) -> str:
     for p in status["processes"]:
         detail = p["error"] or (f"{p['steps_recorded']} steps" if p["role"] != "api_server" else "capture window")
         size = f", {p['bytes'] / 1024:.1f} KiB" if p.get("bytes") else ""
-        lines.append(f"  {p['label']:<34} {p['state']:<9} {detail}{size}  {p.get('file') or ''}")
+        stacks = f", {p['stacks']} stacks" if p.get("stacks") not in (None, "none") else ""
+        lines.append(f"  {p['label']:<34} {p['state']:<9} {detail}{size}{stacks}  {p.get('file') or ''}")
     if status.get("trace"):
         lines.append(f"  merged trace: {status['trace']} ({status['trace_bytes'] / 1024:.1f} KiB)")
     if status.get("headline"):
@@ -99,7 +100,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--delay", type=int, default=None)
     p.add_argument("--activities", default=None, help="cpu,cuda (default: what the host has)")
     p.add_argument("--processes", default=None, help="e.g. worker, worker:0,engine_core")
-    p.add_argument("--with-stack", action="store_true")
+    p.add_argument("--stacks", choices=("none", "sampled", "traced"), default=None,
+                   help="Python stacks: sampled on a thread of the probe's own (cheap), or torch's traced stacks "
+                        "where the engine allows them (see docs/api.md, Python stacks)")
+    p.add_argument("--stack-hz", type=float, default=None, help="sampling rate of sampled stacks (default 1000)")
+    p.add_argument("--with-stack", action="store_true", help="the same as --stacks sampled")
     p.add_argument("--record-shapes", action="store_true")
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the steps")
     p.add_argument("--output", type=Path, default=None, help="also download the merged trace here")
@@ -112,7 +117,8 @@ def _capture(args: argparse.Namespace) -> int:
     try:
         started = client.start(
             args.steps, delay=args.delay, activities=args.activities, processes=args.processes,
-            with_stack=args.with_stack or None, record_shapes=args.record_shapes or None, timeout_s=args.timeout,
+            with_stack=args.with_stack or None, stacks=args.stacks, stack_hz=args.stack_hz,
+            record_shapes=args.record_shapes or None, timeout_s=args.timeout,
         )
         status = client.wait(started["id"], timeout=(args.timeout or config.DEFAULT_CAPTURE_TIMEOUT_S) + 60)
         if args.output and status.get("trace"):

@@ -144,3 +144,29 @@ def test_a_served_sidecar_answers_in_json_even_what_the_http_parser_refuses(tmp_
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def test_capture_passes_the_stack_options(monkeypatch, capsys):
+    """``sidecar capture --stacks traced --stack-hz 250`` asks the sidecar for exactly that, and the
+    summary line says per process which stacks it recorded."""
+    import argparse
+
+    from sidecar import client
+
+    asked = {}
+    final = {"id": "c1", "state": "done", "reason": None, "trace": None, "headline": None, "processes": [
+        {"label": "engine core (pid 1)", "role": "engine_core", "state": "done", "steps_recorded": 5,
+         "error": None, "bytes": 0, "file": None, "stacks": "sampled"},
+        {"label": "worker rank 0 (pid 2)", "role": "worker", "state": "done", "steps_recorded": 5,
+         "error": None, "bytes": 0, "file": None, "stacks": "traced"}]}
+    monkeypatch.setattr(client.SidecarClient, "start", lambda self, steps, **params: asked.update(params, steps=steps) or {"id": "c1"})
+    monkeypatch.setattr(client.SidecarClient, "wait", lambda self, capture_id, timeout: final)
+    parser = argparse.ArgumentParser()
+    client.register(parser.add_subparsers())
+    args = parser.parse_args(["capture", "--url", "http://127.0.0.1:9", "--stacks", "traced", "--stack-hz", "250"])
+    assert args.handler(args) == 0
+    assert asked["stacks"] == "traced" and asked["stack_hz"] == 250.0 and asked["steps"] == 5
+    out = capsys.readouterr().out
+    assert "sampled stacks" in out and "traced stacks" in out
+    bad = run("capture", "--url", "http://127.0.0.1:9", "--stacks", "all")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
