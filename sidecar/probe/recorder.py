@@ -45,7 +45,7 @@ from ..protocol import P_CAPTURING, P_DONE, P_EXPORTING, CaptureReport, CaptureS
 from ..step_window import FINISHED, RECORDING, StepWindow
 from .limits import ProbeLimits
 from .stack_sampler import StackSampler
-from .trace_root import discard
+from .trace_root import discard, export_problem
 
 log = logging.getLogger(__name__)
 
@@ -178,14 +178,19 @@ class StepCapture(StepWindow):
             prof.export_chrome_trace(self.trace_path)
             del prof  # its events are in the file; free them before the samples are built
             stack_summary = self._add_samples()
-            size = os.path.getsize(self.trace_path)
+            # Kineto's writer does not raise on a full disk: an empty or cut-short file is checked here.
+            problem = export_problem(None, self.trace_path)
+            size = os.path.getsize(self.trace_path) if problem is None else 0
         except Exception as exc:
-            log.warning("inference-sidecar: trace export failed: %s", exc)
-            self._fail(f"trace export failed: {exc}")
-            return
-        problem = self._limits.trace_problem(size) if self._limits is not None else None
+            problem = export_problem(exc, self.trace_path)
+        if problem is None and self._limits is not None:
+            problem = self._limits.trace_problem(size)
         if problem is not None:
-            discard(self.trace_path)
+            # Released first: torch's objects may hold the file open, and a deleted file that is
+            # still open keeps its space (a full disk would stay full).
+            prof = None
+            if os.path.realpath(os.path.dirname(self.trace_path)) == self._trace_dir:  # never through a swapped link
+                discard(self.trace_path)
             log.warning("inference-sidecar: capture %s: %s", self.spec.id, problem)
             self._fail(problem)
             return

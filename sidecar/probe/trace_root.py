@@ -11,14 +11,22 @@ compressed.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 from pathlib import Path
 
 from ..protocol import JOB_ID_PATTERN
 
 CAPTURES = "captures"
 RAW = "raw"
+NO_SPACE = "no space left on device"
+# After an export, less free space than this on the trace's file system means the write hit the
+# wall: Kineto's writer does not raise on a full disk, it leaves a cut-short or empty file.
+FULL_BELOW_BYTES = 1 << 20
+# Temporary files beside a raw trace: torch/Kineto's and the stack sampler's (kineto_file.py).
+_TEMP_SUFFIXES = (".tmp", ".sampled.tmp")
 
 
 class TraceRoot:
@@ -43,12 +51,33 @@ class TraceRoot:
         return path
 
 
-def discard(path: str) -> None:
-    """Delete a raw trace and its ``raw/`` and ``<id>/`` folders when they are left empty."""
+def export_problem(error: BaseException | None, path: str) -> str | None:
+    """Why the export to ``path`` failed, naming a full disk (ENOSPC, a quota, or almost no room
+    left where the file lies); None when ``error`` is None and the file is not empty."""
+    full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
     try:
-        os.unlink(path)
+        full = full or shutil.disk_usage(os.path.dirname(path)).free < FULL_BELOW_BYTES
     except OSError:
         pass
+    if error is None:
+        try:
+            if os.path.getsize(path) > 0:  # cut short or not, the sidecar's check of the JSON tells
+                return None
+        except OSError as exc:
+            return f"trace export failed: {exc}"
+        what = "the exported trace is empty (0 bytes)"
+        return f"{NO_SPACE} ({os.path.dirname(path)}): {what}" if full else f"trace export failed: {what}"
+    return f"trace export failed: {NO_SPACE} ({os.path.dirname(path)})" if full else f"trace export failed: {error}"
+
+
+def discard(path: str) -> None:
+    """Delete a raw trace, the temporary files a failed export left beside it, and its ``raw/`` and
+    ``<id>/`` folders when they are left empty."""
+    for name in (path, *(path + suffix for suffix in _TEMP_SUFFIXES)):
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
     folder = os.path.dirname(path)
     for _ in range(2):
         try:

@@ -6,16 +6,12 @@ from typing import Any
 
 from aiohttp import web
 
-from .captures import Capture, CaptureProcess
+from .captures import Capture, CaptureProcess, capture_url
 from .job_states import FINAL
 from .job_routes import start_job, stop_job
 from .jobs import CAPTURE
 from .keys import CAPTURES
 from .params import parse_capture_request
-
-
-def capture_url(capture_id: str) -> str:
-    return f"/profile/{capture_id}"
 
 
 def capture_json(capture: Capture) -> dict[str, Any]:

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from ..protocol import P_DONE, P_FAILED, Arm, CaptureReport, CaptureSpec
-from . import merge
+from ..protocol import P_DONE, P_FAILED, Arm, CaptureReport, CaptureSpec, Verdict
+from ..step_window import clip
+from . import disk_space, merge
 from .arming import ARM_REPLY_S
 from .job_board import JobBoard
 from .job_manager import STOP_GRACE_S, JobManager
@@ -31,6 +32,11 @@ from .params import CaptureRequest, ParamError
 from .registry import ProbeRegistry
 
 log = logging.getLogger(__name__)
+
+
+def capture_url(capture_id: str) -> str:
+    """Where the HTTP API serves a capture (``GET /profile/{id}``; its trace at ``…/trace``)."""
+    return f"/profile/{capture_id}"
 
 
 @dataclass(eq=False, kw_only=True)
@@ -93,11 +99,18 @@ class CaptureManager(JobManager[Capture]):
         self._executor = executor
         self._max_bytes = max_capture_bytes
         self._render = render
+        # The disk is the truth: what an earlier run of the sidecar left is listed, served and
+        # retained (capture_index builds Capture objects, so it imports this module: imported here).
+        from .capture_index import restore_captures
+
+        self._adopt(restore_captures(trace_dir, render))
 
     def _create(self, request: CaptureRequest) -> Capture:
         chosen = self._select(request, window_processes=True)
         if "cuda" in request.activities and not any(c.identity.cuda for c in chosen):
             raise ParamError("activities", "cuda was asked for but no selected process has a CUDA device")
+        # A capture on a full disk fails late and leaves half-written files: refuse it now.
+        disk_space.ensure_room(self._trace_dir)
         capture_id = self.kind.new_id()
         capture = Capture(
             id=capture_id, request=request, dir=self._trace_dir / "captures" / capture_id,
@@ -128,6 +141,14 @@ class CaptureManager(JobManager[Capture]):
         capture.advance(EXPORTING)
         self._spawn(self._export(capture))
 
+    def _verdict(self, capture: Capture) -> Verdict:
+        """What the capture's processes are told when it ends (the API server's capture span)."""
+        driven = [p.steps_recorded for p in capture.step_driven]
+        return Verdict(
+            job_id=capture.id, state=capture.state, reason=clip(capture.reason) if capture.reason else None,
+            steps=min(driven) if driven else 0, processes=len(capture.processes), trace_bytes=capture.trace_bytes,
+            trace=f"{capture_url(capture.id)}/trace" if capture.trace_file else None)
+
     async def _cancel(self, capture: Capture) -> None:
         # Only the API server's window can have recorded: time, no engine step. Its raw file is
         # deleted unmerged. A few unlinks, done here: the export executor may be busy merging an
@@ -145,7 +166,7 @@ class CaptureManager(JobManager[Capture]):
                 self._executor, merge.finalize_capture, capture.dir, capture.processes, self._max_bytes)
         except Exception as exc:  # a broken trace must not take the sidecar down
             log.exception("capture %s: export failed", capture.id)
-            result = merge.FinalizeResult(problems=[f"export failed: {exc}"])
+            result = merge.FinalizeResult(problems=[f"export failed: {disk_space.describe(exc)}"])
         for rec in capture.processes:
             outcome = result.processes.get(rec.stem)
             if outcome is not None:
@@ -159,10 +180,10 @@ class CaptureManager(JobManager[Capture]):
         self._conclude(capture, result.problems, has_result=has_result)
 
     def _save(self, capture: Capture) -> None:
-        try:
-            (capture.dir / "capture.json").write_text(json.dumps(self._render(capture), indent=1))
+        try:  # whole or not at all: a half-written capture.json would be read as an interrupted capture
+            disk_space.write_atomic(capture.dir / "capture.json", json.dumps(self._render(capture), indent=1))
         except OSError as exc:
-            log.warning("capture %s: cannot write capture.json: %s", capture.id, exc)
+            log.warning("capture %s: cannot write capture.json: %s", capture.id, disk_space.describe(exc))
 
     def _remove(self, capture: Capture) -> None:
         shutil.rmtree(capture.dir, ignore_errors=True)

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, TypeVar
 
 from ..protocol import P_ARMED, P_DONE, P_FAILED, Begin, FromSidecar, JobReport, Stop
 from . import arming
@@ -279,6 +279,26 @@ class JobManager(Generic[J]):
                 self._on_finished(job)
             except Exception:
                 log.exception("%s %s: on_finished failed", self.kind.name, job.id)
+        verdict_msg = self._verdict(job)
+        if verdict_msg is not None:
+            self._spawn(self._announce(job, verdict_msg))
+        self._retain()
+
+    def _verdict(self, job: J) -> FromSidecar | None:
+        """The message that tells a job's processes its final state (None: the kind sends none)."""
+        return None
+
+    async def _announce(self, job: J, msg: FromSidecar) -> None:
+        """Send ``msg`` to every process of ``job`` still connected; one that is not is skipped."""
+        for rec in job.processes:
+            if rec.conn is not None and rec.state != P_LOST:
+                await rec.conn.send(msg)
+
+    def _adopt(self, saved: Iterable[J]) -> None:
+        """Jobs an earlier run of the sidecar ended (read back from disk by the kind): listed,
+        served and retained as this run's are, oldest first. Called once, at construction."""
+        for job in sorted(saved, key=lambda j: (j.created_at, j.id)):
+            self._jobs.setdefault(job.id, job)
         self._retain()
 
     def _retain(self) -> None:

@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping
 from aiohttp import web
 
 from .. import config
+from .disk_space import DiskFull
 from .job_manager import JobManager
 from .jobs import CAPTURE, SCAN, Job, JobBusy, NoProbes
 from .keys import REGISTRY, SETTINGS
@@ -38,6 +39,8 @@ async def start_job(request: web.Request, manager: JobManager, parse: Parse,
     except NoProbes as exc:
         return json_error(503, "no_engine_processes",
                           f"{exc}: is the plugin installed and {config.ENV_ENDPOINT} right?")
+    except DiskFull as exc:
+        return json_error(507, "insufficient_storage", str(exc))
     return web.json_response(
         {"id": job.id, "state": job.state, "url": url(job.id), "processes": [p.label for p in job.processes]},
         status=202,

@@ -34,6 +34,7 @@ import msgspec
 from ..analysis.errors import TraceFormatError
 from ..analysis.stream import TopLevel, read_events
 from ..protocol import P_DONE
+from . import disk_space
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,9 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
             continue
         taken.append(raw)
         size = raw.stat().st_size
+        if size == 0:  # a probe's export that wrote nothing: say so, not "Expecting value"
+            result.processes[rec.stem] = ProcessOutcome(error=_unreadable("empty trace file (0 bytes)", raw))
+            continue
         if total + size > max_bytes:
             result.processes[rec.stem] = ProcessOutcome(error=f"dropped: capture size limit of {max_bytes // 2**20} MiB reached")
             result.problems.append(f"size limit of {max_bytes // 2**20} MiB reached")
@@ -141,25 +145,50 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
             try:
                 trace = check_trace(rec, raw)
             except TraceFormatError as exc:
-                result.processes[rec.stem] = ProcessOutcome(error=f"unreadable trace: {exc.problem}")
+                result.processes[rec.stem] = ProcessOutcome(error=_unreadable(exc.problem, raw))
                 continue
             except (OSError, ValueError) as exc:
-                result.processes[rec.stem] = ProcessOutcome(error=f"unreadable trace: {exc}")
+                result.processes[rec.stem] = ProcessOutcome(error=_unreadable(disk_space.describe(exc), raw))
                 continue
             gz_name = rec.stem + PROCESS_TRACE_SUFFIX
-            with raw.open("rb") as src, gzip.open(capture_dir / gz_name, "wb", compresslevel=6) as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+            try:
+                _compress(raw, capture_dir / gz_name)
+            except OSError as exc:
+                result.processes[rec.stem] = ProcessOutcome(error=f"compression failed: {disk_space.describe(exc)}")
+                continue
             result.processes[rec.stem] = ProcessOutcome(file=gz_name, bytes=(capture_dir / gz_name).stat().st_size)
             traces.append(trace)
         if traces:
             merged = capture_dir / MERGED_NAME
-            write_merged(merged, traces)
-            result.trace_file, result.trace_bytes = MERGED_NAME, merged.stat().st_size
+            try:
+                write_merged(merged, traces)
+                result.trace_file, result.trace_bytes = MERGED_NAME, merged.stat().st_size
+            except OSError as exc:
+                result.problems.append(f"merge failed: {disk_space.describe(exc)}")
     finally:
         remove_raw(capture_dir, taken)
     if result.trace_file:
         result.summary_file, result.headline = _analyse(capture_dir, capture_dir / MERGED_NAME, records)
     return result
+
+
+def _unreadable(problem: str, raw: Path) -> str:
+    """Why a raw trace cannot be used. A probe whose export ran out of space leaves an empty or
+    cut-short file and may never learn why (Kineto's writer does not raise): when the disk it lies
+    on is (nearly) full, that is the cause to name."""
+    if disk_space.low_on_space(raw.parent):
+        return f"{disk_space.NO_SPACE} ({raw.parent}): the trace was cut short ({problem})"
+    return f"unreadable trace: {problem}"
+
+
+def _compress(raw: Path, target: Path) -> None:
+    """gzip ``raw`` into ``target``; on failure no partial ``target`` stays (the files are closed first)."""
+    try:
+        with raw.open("rb") as src, gzip.open(target, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except BaseException:
+        disk_space.unlink_quietly(target)
+        raise
 
 
 def remove_raw(capture_dir: Path, files: Iterable[Path]) -> None:
@@ -184,6 +213,15 @@ def write_merged(path: Path, traces: list[RawTrace]) -> None:
     """Merge checked raw traces (in merged-trace order) into one gzip trace at ``path``."""
     ref = min(t.base_ns for t in traces)
     tmp = path.with_suffix(".tmp")
+    try:
+        _write_merged(tmp, traces, ref)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: closed by the ``with``, deleted here, never left to fill it
+        disk_space.unlink_quietly(tmp)
+        raise
+
+
+def _write_merged(tmp: Path, traces: list[RawTrace], ref: int) -> None:
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as out:
         devices = next((t.members.get("deviceProperties") for t in traces if t.members.get("deviceProperties")), [])
         header = {
@@ -206,7 +244,6 @@ def write_merged(path: Path, traces: list[RawTrace]) -> None:
                 out.write(json.dumps(event, separators=(",", ":")))
                 first = False
         out.write("\n]}\n")
-    os.replace(tmp, path)
 
 
 def sort_index(rec: Any) -> int:
@@ -271,5 +308,9 @@ def _analyse(capture_dir: Path, merged: Path, records: Iterable[Any] = ()) -> tu
         extra = python_stacks.headline(stacks)
         if extra:
             summary["headline"] = "; ".join(filter(None, (summary.get("headline"), extra)))
-    (capture_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=1))
+    try:
+        disk_space.write_atomic(capture_dir / SUMMARY_NAME, json.dumps(summary, indent=1))
+    except OSError as exc:  # the trace is still there; the headline says why there is no summary
+        log.warning("summary of %s not saved: %s", merged, exc)
+        return None, f"summary not saved: {disk_space.describe(exc)}"
     return SUMMARY_NAME, summary.get("headline")

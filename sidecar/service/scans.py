@@ -20,10 +20,12 @@ from ..syncs.report import merge_reports, new_sites
 from .arming import ARM_REPLY_S
 from .job_board import JobBoard
 from .job_manager import STOP_GRACE_S, JobManager
+from . import disk_space
 from .job_states import FINAL
 from .jobs import SCAN, Job, JobKind, ProcessRun
 from .params import ParamError, ScanRequest
 from .registry import ProbeRegistry
+from .saved_jobs import id_time, identity_from_json, read_saved
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,24 @@ class Scan(Job):
             "processes": [p.to_json() for p in self.processes],
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Scan":
+        """A report saved by ``to_json`` (an earlier run of the sidecar), as a finished scan."""
+        scan = cls(
+            id=data["id"], state=data["state"], reason=data.get("reason"),
+            request=ScanRequest(steps=int(data.get("steps") or 0), delay=int(data.get("delay") or 0),
+                                baseline=data.get("baseline")),
+            processes=[ScanProcess(conn=None, identity=identity_from_json(p), state=str(p.get("state")),
+                                   steps_recorded=int(p.get("steps_recorded") or 0), error=p.get("error"))
+                       for p in data.get("processes") or []],
+            sites=list(data.get("sites") or []), new_sites=data.get("new_sites"),
+            treat_cpu_as_device=data.get("treat_cpu_as_device"),
+            created_at=float(data.get("created_at") or id_time(SCAN, data["id"]) or 0.0),
+            finished_at=data.get("finished_at"),
+        )
+        scan.done_event.set()
+        return scan
+
 
 class ScanManager(JobManager[Scan]):
     kind = SCAN
@@ -78,6 +98,7 @@ class ScanManager(JobManager[Scan]):
         super().__init__(registry, board, keep=keep, stop_grace_s=stop_grace_s, arm_reply_s=arm_reply_s,
                          on_finished=on_finished)
         self._dir = store_dir
+        self._adopt(self._restore())
 
     def _create(self, request: ScanRequest) -> Scan:
         baseline = None
@@ -112,11 +133,35 @@ class ScanManager(JobManager[Scan]):
         return self._dir / f"{scan_id}.json"
 
     def _save(self, scan: Scan) -> None:
-        try:
+        try:  # whole or not at all: a half-written report is no baseline
             self._dir.mkdir(parents=True, exist_ok=True)
-            self._path(scan.id).write_text(json.dumps(scan.to_json(), indent=1))
+            disk_space.write_atomic(self._path(scan.id), json.dumps(scan.to_json(), indent=1))
         except OSError as exc:
-            log.warning("scan %s: cannot save: %s", scan.id, exc)
+            log.warning("scan %s: cannot save: %s", scan.id, disk_space.describe(exc))
+
+    def _restore(self) -> list[Scan]:
+        """The scans an earlier run saved (the disk is the truth: listed and retained again). A save
+        a crash or a full disk cut short is deleted: it holds no report."""
+        try:
+            entries = list(self._dir.iterdir())
+        except OSError:
+            return []
+        restored = []
+        for path in entries:
+            if path.name.endswith(".json.tmp") and SCAN.is_id(path.name[:-len(".json.tmp")]):
+                disk_space.unlink_quietly(path)
+                continue
+            if path.suffix != ".json" or not SCAN.is_id(path.stem):
+                continue
+            data = read_saved(path)
+            try:
+                if data is None or data.get("id") != path.stem or data.get("state") not in FINAL:
+                    raise ValueError("not a finished scan's report")
+                restored.append(Scan.from_json(data))
+            except (TypeError, ValueError, KeyError) as exc:
+                log.warning("scan %s: %s is unreadable (%s): deleted", path.stem, path, exc)
+                disk_space.unlink_quietly(path)
+        return restored
 
     def _remove(self, scan: Scan) -> None:
         self._path(scan.id).unlink(missing_ok=True)
