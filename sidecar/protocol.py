@@ -27,6 +27,8 @@ sidecar → probe
   sync_arm   {spec: SyncSpec}       the probe answers ``sync`` state=armed with steps_seen
   begin      {job_id, start_step}   record from this working step on, the same in every process
   stop       {job_id, reason}       end early, keeping what was recorded
+  verdict    {job_id, state, reason?, steps, processes, trace_bytes, trace?}
+                                    a capture's final state, to its processes still connected
 
 Job ids are unique across kinds (a scan's starts with ``s``), so ``begin`` and ``stop`` serve both.
 An id is never a path component such as ``..`` (``JobId``). A capture names no directory: each probe
@@ -200,8 +202,22 @@ class Stop(_Message, tag="stop", kw_only=True):
     reason: Text = "stopped"
 
 
+class Verdict(_Message, tag="verdict", kw_only=True):
+    """A capture's final state, sent to each of its processes still connected when it ends: the API
+    server's capture span needs it, and the probe channel is authenticated both ways, so nothing
+    has to send the token to the sidecar's HTTP API to read it (issue 10)."""
+
+    job_id: JobId
+    state: Literal["done", "partial", "failed", "cancelled"]
+    reason: Text | None = None
+    steps: Count = 0  # the fewest working steps a step-driven process recorded
+    processes: Count = 0
+    trace_bytes: Count = 0
+    trace: Text | None = None  # the merged trace's path on the sidecar: /profile/<id>/trace
+
+
 FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport]
-FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop]
+FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict]
 JobReport = Union[CaptureReport, SyncReport]
 
 

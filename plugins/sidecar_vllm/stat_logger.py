@@ -38,8 +38,7 @@ from typing import Any, Callable
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
-from sidecar import auth, config
-from sidecar.client import SidecarClient
+from sidecar import config
 from sidecar.integration import patching
 from sidecar.telemetry import (
     CaptureSpans,
@@ -234,9 +233,7 @@ class SidecarStatLogger(AggregateStatLoggerBase):
             self.telemetry = telemetry.start_samplers(process=True, gpu=True)
             if telemetry.traces_on:
                 self.in_flight = InFlightRequests()
-                url = config.endpoint()
-                self.captures = CaptureSpans(telemetry.tracer, self.in_flight, lambda capture_id: SidecarClient(
-                    url, token=auth.read_token() or "", timeout=5.0).status(capture_id), url, profile=VLLM_PROFILE)
+                self.captures = CaptureSpans(telemetry.tracer, self.in_flight, config.endpoint())
         except Exception as exc:
             log.warning("inference-sidecar: request telemetry is off: %s", exc)
 

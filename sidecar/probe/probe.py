@@ -36,6 +36,7 @@ from ..protocol import (
     SyncArm,
     SyncReport,
     SyncSpec,
+    Verdict,
     decode_hello,
     encode,
 )
@@ -76,7 +77,7 @@ class Probe:
     ) -> None:
         """``role``: one of ``profile.roles`` (ValueError otherwise). ``loop``: the asyncio loop a
         process without steps records on (API server). ``on_capture_report``: also told of every
-        report of such a window capture. ``sync_watch``: a ready ``SyncWatch`` instead of the one
+        report of such a window capture, and of every capture's ``Verdict``. ``sync_watch``: a ready ``SyncWatch`` instead of the one
         SIDECAR_SYNC_WATCH asks for. ``trace_root``, ``limits``: instead of SIDECAR_TRACE_DIR and the
         SIDECAR_PROBE_MAX_* variables."""
         if cuda_available is None:
@@ -177,6 +178,8 @@ class Probe:
                 job = self._job(job_id)
                 if job is not None:
                     job.request_stop(reason)
+            case Verdict():
+                self._tell_capture_listener(msg)
 
     def _job(self, job_id: str):
         """The capture or scan of this probe with that id (ids are unique across kinds); None."""
@@ -236,6 +239,9 @@ class Probe:
 
     def _report_window(self, msg: CaptureReport) -> None:
         self._link.send(msg)
+        self._tell_capture_listener(msg)
+
+    def _tell_capture_listener(self, msg: CaptureReport | Verdict) -> None:
         if self._on_capture_report is not None:
             try:
                 self._on_capture_report(msg)

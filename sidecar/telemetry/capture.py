@@ -6,14 +6,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, Tracer
 
-from ..engine import GENERIC, EngineProfile
-from ..protocol import CaptureReport
-from ..verdicts import FINAL
+from ..protocol import CaptureReport, Verdict
 from .clock import to_ns
 
 log = logging.getLogger(__name__)
@@ -57,64 +55,54 @@ def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[S
 
 
 # -- the API server's side: one capture span per capture window -------------------------------------
-FetchStatus = Callable[[str], Mapping[str, Any]]  # capture id -> the sidecar's GET /profile/{id} body
-
-
-def record_from_status(capture_id: str, started_at: float, ended_at: float, status: Mapping[str, Any] | None,
-                       base_url: str, window_state: str,
-                       window_roles: Collection[str] = GENERIC.window_roles) -> CaptureRecord:
-    """A CaptureRecord from the sidecar's final capture status (None: the sidecar did not answer).
-    ``steps`` is the fewest recorded by a step-driven process: any not of ``window_roles``."""
-    if not status:
+def record_from_verdict(capture_id: str, started_at: float, ended_at: float, verdict: Verdict | None,
+                        base_url: str, window_state: str) -> CaptureRecord:
+    """A CaptureRecord from the sidecar's ``Verdict`` (None: none came in time)."""
+    if verdict is None:
         return CaptureRecord(capture_id, window_state, started_at, ended_at, steps=0, processes=0, bytes=0,
-                             error="the sidecar's capture status could not be read")
-    procs = status.get("processes") or []
-    driven = [p.get("steps_recorded") or 0 for p in procs if p.get("role") not in window_roles]
-    trace = status.get("trace")
+                             error="the sidecar sent no verdict for this capture")
     return CaptureRecord(
-        capture_id=capture_id, state=str(status.get("state")), started_at=started_at, ended_at=ended_at,
-        steps=min(driven) if driven else 0, processes=len(procs), bytes=int(status.get("trace_bytes") or 0),
-        trace_url=f"{base_url.rstrip('/')}{trace}" if trace else None,
-        error=status.get("reason") if status.get("state") == "failed" else None)
-
-
-def _capture_report(msg: Any) -> tuple[str | None, str | None]:
-    """(job id, state) of a ``sidecar.protocol.CaptureReport``; (None, None) for any other report."""
-    if isinstance(msg, CaptureReport):
-        return msg.job_id, msg.state
-    return None, None
+        capture_id=capture_id, state=verdict.state, started_at=started_at, ended_at=ended_at,
+        steps=verdict.steps, processes=verdict.processes, bytes=verdict.trace_bytes,
+        trace_url=f"{base_url.rstrip('/')}{verdict.trace}" if verdict.trace else None,
+        error=verdict.reason if verdict.state == "failed" else None)
 
 
 class CaptureSpans:
     """Turns the capture reports of the API server's probe into ``sidecar capture`` spans.
 
     The probe calls ``on_report(msg)`` with each capture report (``CaptureReport``) it sends to the
-    sidecar. The window opens at ``capturing`` and closes at ``exporting`` (or ``failed``); at
-    ``done`` / ``failed`` a daemon thread waits for the sidecar's final status (steps, processes,
-    bytes, trace URL; the merge happens there) and emits the span, linked to every request in flight
-    during the window. Its ``steps`` counts the profile's step-driven roles only. Nothing here runs
-    on the event loop beyond a dict update.
+    sidecar and with each ``Verdict`` the sidecar sends it. The window opens at ``capturing`` and
+    closes at ``exporting`` (or ``failed``); at ``done`` / ``failed`` a daemon thread waits for the
+    capture's verdict (steps, processes, bytes, trace URL: the merge happens in the sidecar) and
+    emits the span, linked to every request in flight during the window. The verdict comes over the
+    probe's authenticated channel: nothing here calls the sidecar's HTTP API, so the token never
+    leaves the process. Nothing here runs on the event loop beyond a dict update.
     """
 
-    def __init__(self, tracer: Tracer, in_flight, fetch_status: FetchStatus, base_url: str, *,
-                 profile: EngineProfile = GENERIC, final_timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
+    def __init__(self, tracer: Tracer, in_flight, base_url: str, *, verdict_timeout_s: float = 120.0) -> None:
         self._tracer = tracer
-        self._window_roles = profile.window_roles
         self._in_flight = in_flight
-        self._fetch = fetch_status
         self._base_url = base_url
-        self._timeout = final_timeout_s
-        self._poll = poll_s
+        self._timeout = verdict_timeout_s
         self._windows: dict[str, list[float]] = {}  # capture id -> [start, end]
+        self._arrived: dict[str, threading.Event] = {}  # capture id -> set when its verdict came
+        self._verdicts: dict[str, Verdict] = {}
         self._threads: list[threading.Thread] = []
 
     def on_report(self, msg: Any) -> None:
-        capture_id, state = _capture_report(msg)
-        if not capture_id:
+        if isinstance(msg, Verdict):
+            arrived = self._arrived.get(msg.job_id)
+            if arrived is not None:  # a capture this process recorded a window of
+                self._verdicts[msg.job_id] = msg
+                arrived.set()
             return
-        now = time.time()
+        if not isinstance(msg, CaptureReport):
+            return
+        capture_id, state, now = msg.job_id, msg.state, time.time()
         if state == "capturing":
             self._windows[capture_id] = [now, 0.0]
+            self._arrived[capture_id] = threading.Event()
         elif state == "exporting":
             window = self._windows.get(capture_id)
             if window is not None:
@@ -131,19 +119,12 @@ class CaptureSpans:
             thread.start()
 
     def _emit(self, capture_id: str, start: float, end: float, links: Sequence[SpanContext], state: str) -> None:
-        deadline = time.monotonic() + self._timeout
-        status = None
-        while time.monotonic() < deadline:
-            try:
-                status = self._fetch(capture_id)
-            except Exception as exc:
-                log.debug("capture %s: status not readable: %s", capture_id, exc)
-                status = None
-            if status and status.get("state") in FINAL:
-                break
-            time.sleep(self._poll)
-        record = record_from_status(capture_id, start, end, status if status and status.get("state") in FINAL
-                                    else None, self._base_url, state, self._window_roles)
+        arrived = self._arrived.get(capture_id)
+        if arrived is not None:
+            arrived.wait(self._timeout)
+        self._arrived.pop(capture_id, None)
+        record = record_from_verdict(capture_id, start, end, self._verdicts.pop(capture_id, None),
+                                     self._base_url, state)
         try:
             record_capture(record, self._tracer, links)
         except Exception:

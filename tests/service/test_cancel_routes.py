@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.protocol import Arm, Begin, CaptureReport, Stop, SyncArm, SyncReport
+from sidecar.protocol import Arm, Begin, CaptureReport, Stop, SyncArm, SyncReport, Verdict
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.service.keys import JOBS, REGISTRY
 
@@ -89,6 +89,27 @@ async def test_a_capture_stopped_before_its_start_step_is_cancelled(sidecar, tmp
     assert metric(metrics, "sidecar_captures_total", "cancelled") == 1.0
     assert metric(metrics, "sidecar_captures_total", "failed") == 0.0
     assert (await client.post("/profile/stop")).status == 409
+    # Both processes are told over their channel: the API server's capture span says cancelled.
+    await until(lambda: all(any(isinstance(m, Verdict) for m in p.sent) for p in (worker, api)))
+    told = next(m for m in api.sent if isinstance(m, Verdict))
+    assert (told.state, told.reason, told.trace, told.steps) == ("cancelled", CANCELLED_REASON, None, 0)
+
+
+async def test_a_capture_on_a_full_disk_is_refused_with_507(sidecar, tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from sidecar.service import disk_space
+
+    client, app = sidecar
+    AnsweringProbe(app, "worker", 0, tmp_path / "probe-root")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda _p: usage(1 << 30, 1 << 30, 5 << 20))
+    refused = await client.post("/profile/start", params={"steps": "5"})
+    assert refused.status == 507
+    body = await refused.json()
+    assert body["error"] == "insufficient_storage" and "no space left on device" in body["message"]
+    assert (await client.get("/profiles")).status == 200
+    assert (await (await client.get("/profiles")).json())["captures"] == []
 
 
 async def test_a_scan_stopped_before_its_start_step_is_cancelled(sidecar, tmp_path):

@@ -10,7 +10,7 @@ from aiohttp import WSMsgType
 
 from sidecar import auth
 from sidecar.protocol import (PROBE_WS_PATH, PROTOCOL_VERSION, Arm, Begin, CaptureReport, Challenge, Heartbeat, Hello,
-                              Proof, Stop, decode_from_sidecar, encode)
+                              Proof, Stop, decode_from_sidecar, encode, Verdict)
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.verdicts import FINAL
 
@@ -183,6 +183,12 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     # The sampler's own bound cut the worker's stacks short: a note says so; the capture is done.
     assert any(n.startswith(f"{worker.identity.label}: python stacks stopped early (max_bytes reached)")
                for n in status["notes"]), status["notes"]
+    # Each process is told the verdict over its channel (the API server's capture span needs it; no
+    # token has to go to the HTTP API for it).
+    for probe in (core, worker):
+        told = await probe.receive(Verdict)
+        assert (told.job_id, told.state, told.steps, told.processes, told.trace_bytes, told.trace) == (
+            capture_id, "done", 1, 2, status["trace_bytes"], f"/profile/{capture_id}/trace")
     saved = (tmp_path / "traces" / "captures" / capture_id / "capture.json").read_text()
     assert saved == json.dumps(status, indent=1), "capture.json holds what GET /profile/{id} serves"
     assert (await client.get(status["trace"])).status == 200

@@ -4,10 +4,9 @@ import time
 
 from opentelemetry.trace import SpanKind
 
-from sidecar.protocol import CaptureReport, SyncReport
+from sidecar.protocol import CaptureReport, SyncReport, Verdict
 from sidecar.telemetry import CaptureSpans, ClockOffset, FinishedRequest, InFlightRequests, record_request
-from sidecar.telemetry.capture import record_from_status
-from sidecar_vllm.profile import VLLM_PROFILE
+from sidecar.telemetry.capture import record_from_verdict
 
 from .helpers import in_memory_telemetry
 
@@ -65,20 +64,16 @@ def test_overlapping_keeps_running_and_recently_finished_requests():
     assert len(in_flight) == 0
 
 
-def test_capture_span_links_requests_in_flight_and_carries_the_sidecar_result():
+def test_capture_span_links_requests_in_flight_and_carries_the_sidecar_verdict():
     telemetry, exporter, _ = in_memory_telemetry()
     in_flight = InFlightRequests()
     before = in_flight.begin("cmpl-before")
     in_flight.end("cmpl-before")
     time.sleep(0.01)
     running = in_flight.begin("cmpl-running")
-    statuses = iter([{"id": "c1", "state": "exporting"}, {
-        "id": "c1", "state": "done", "trace": "/profile/c1/trace", "trace_bytes": 12345, "reason": None,
-        "processes": [{"role": "api_server", "steps_recorded": 0}, {"role": "engine_core", "steps_recorded": 5},
-                      {"role": "worker", "steps_recorded": 5}]}])
-    captures = CaptureSpans(telemetry.tracer, in_flight, lambda capture_id: next(statuses), "http://127.0.0.1:8787",
-                            profile=VLLM_PROFILE, poll_s=0.01)
-    # The probe hands over the typed reports it sends (sidecar.protocol.CaptureReport).
+    captures = CaptureSpans(telemetry.tracer, in_flight, "http://127.0.0.1:8787")
+    # The probe hands over the typed reports it sends (sidecar.protocol.CaptureReport) and the
+    # verdicts the sidecar sends it.
     captures.on_report(CaptureReport(job_id="c1", state="capturing"))
     captures.on_report(SyncReport(job_id="c1", state="done"))  # not a capture report: ignored
     during = in_flight.begin("cmpl-during")
@@ -87,6 +82,9 @@ def test_capture_span_links_requests_in_flight_and_carries_the_sidecar_result():
     in_flight.begin("cmpl-after")
     captures.on_report(CaptureReport(job_id="c1", state="done", bytes=10))
     captures.on_report(CaptureReport(job_id="c2", state="failed"))  # no window
+    captures.on_report(Verdict(job_id="c2", state="failed", reason="x"))  # no window: no span
+    captures.on_report(Verdict(job_id="c1", state="done", steps=5, processes=3, trace_bytes=12345,
+                               trace="/profile/c1/trace"))
     captures.join()
     telemetry.span_processor.force_flush()
     (span,) = exporter.get_finished_spans()
@@ -100,23 +98,25 @@ def test_capture_span_links_requests_in_flight_and_carries_the_sidecar_result():
     telemetry.shutdown()
 
 
-def test_capture_span_counts_steps_of_step_driven_roles_only():
+def test_capture_span_without_a_verdict_says_so():
     telemetry, exporter, _ = in_memory_telemetry()
-    statuses = iter([{"id": "c3", "state": "done", "processes": [{"role": "scheduler", "steps_recorded": 4}]}])
-    captures = CaptureSpans(telemetry.tracer, InFlightRequests(), lambda capture_id: next(statuses), "http://x",
-                            poll_s=0.01)
+    captures = CaptureSpans(telemetry.tracer, InFlightRequests(), "http://x", verdict_timeout_s=0.05)
     captures.on_report(CaptureReport(job_id="c3", state="capturing"))
     captures.on_report(CaptureReport(job_id="c3", state="done"))
     captures.join()
     telemetry.span_processor.force_flush()
     (span,) = exporter.get_finished_spans()
-    assert span.attributes["sidecar.capture.steps"] == 4  # a role of no profile's window: step-driven
+    assert span.attributes["sidecar.capture.state"] == "done" and span.status.description == (
+        "the sidecar sent no verdict for this capture")
     telemetry.shutdown()
 
-    status = {"state": "done", "processes": [{"role": "api_server", "steps_recorded": 0},
-                                             {"role": "worker", "steps_recorded": 5}]}
-    assert record_from_status("c", 0.0, 1.0, status, "http://x", "done", VLLM_PROFILE.window_roles).steps == 5
-    assert record_from_status("c", 0.0, 1.0, status, "http://x", "done", frozenset()).steps == 0
+
+def test_record_from_verdict_reports_failures_and_urls():
+    failed = record_from_verdict("c", 0.0, 1.0, Verdict(job_id="c", state="failed", reason="no steps"), "http://x/", "done")
+    assert failed.error == "no steps" and failed.trace_url is None
+    done = record_from_verdict("c", 0.0, 1.0, Verdict(job_id="c", state="partial", reason="r", trace="/profile/c/trace"),
+                               "http://x/", "done")
+    assert done.error is None and done.trace_url == "http://x/profile/c/trace"
 
 
 def test_a_request_spans_identity_lives_in_inflight_which_imports_nothing_of_requests():
