@@ -23,19 +23,23 @@ import json
 import statistics
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "plugins")]
 
-from bench_capture import CONCURRENCY, MAX_TOKENS, load_for, stall_during, vllm_builtin_capture  # noqa: E402
+from bench_capture import CONCURRENCY, MAX_TOKENS, load_for, stall_during  # noqa: E402
 from sidecar.client import SidecarClient  # noqa: E402
 from sidecar.devtools.local_model import build_model  # noqa: E402
 from sidecar_vllm.devtools import VllmStack as Stack  # noqa: E402
 
 OPTIONS: dict[str, dict] = {
     "none": {},
+    "none (engine core and worker only)": {"processes": "engine_core,worker"},
     "stacks=sampled": {"stacks": "sampled"},
     "stacks=traced": {"stacks": "traced"},
     "record_shapes": {"record_shapes": True},
@@ -63,6 +67,33 @@ def sidecar_capture(stack: Stack, params: dict) -> dict:
     return out
 
 
+def _post(url: str, body: dict | None = None) -> None:
+    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=600).read()
+
+
+def vllm_capture(stack: Stack, trace_dir: Path) -> dict:
+    """vLLM's /start_profile with max_iterations=5; done when a new trace file stopped growing. Then
+    /stop_profile, so that the next round may start one (vLLM refuses a start while it profiles)."""
+    before = set(trace_dir.rglob("*.pt.trace.json*")) if trace_dir.exists() else set()
+    _post(f"{stack.server_url}/start_profile", {"max_iterations": 5})
+    deadline, new = time.time() + 300, []
+    while time.time() < deadline:
+        new = [f for f in trace_dir.rglob("*.pt.trace.json*") if f.is_file() and f not in before]
+        if new:
+            size = sum(f.stat().st_size for f in new)
+            time.sleep(0.3)
+            if size and size == sum(f.stat().st_size for f in new):
+                break
+        time.sleep(0.05)
+    try:
+        _post(f"{stack.server_url}/stop_profile")
+    except urllib.error.HTTPError:
+        pass  # already stopped after its max_iterations
+    return {"files": len(new), "trace_bytes": sum(f.stat().st_size for f in new)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "126m")
@@ -70,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="captures per option (the median is reported)")
     parser.add_argument("--seconds", type=float, default=14.0, help="load per measurement")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "capture_options.json")
+    parser.add_argument("--only", default=None, help="comma-separated option names to measure (default: all)")
     args = parser.parse_args(argv)
+    options = {k: v for k, v in OPTIONS.items() if args.only is None or k in args.only.split(",")}
     if not (args.model / "config.json").exists():
         print(f"bench: building the 126M model in {args.model}", flush=True)
         build_model(args.model, size="126m")
@@ -83,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.start_server(timeout=600)
         stack.wait_for_processes(3)
         load_for(stack, 3)  # warm-up
-        for name, params in OPTIONS.items():
+        for name, params in options.items():
             runs = []
             for _ in range(args.rounds):
                 m = stall_during(stack, lambda: sidecar_capture(stack, params), seconds=args.seconds)
@@ -100,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         load_for(stack, 3)
         runs = []
         for _ in range(args.rounds):
-            m = stall_during(stack, lambda: vllm_builtin_capture(stack, tdir), seconds=args.seconds)
+            m = stall_during(stack, lambda: vllm_capture(stack, tdir), seconds=args.seconds)
             m["added_ms"] = added(m)
             runs.append(m)
             print(f"bench: vLLM built-in (with_stack) {m}", flush=True)
@@ -108,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "added_ms": statistics.median(r["added_ms"] for r in runs)}
 
     theirs = report["vllm"]["with_stack (default)"]["added_ms"]
-    ours_stacks = report["ours"]["stacks=sampled"]["added_ms"]
-    report["ratios"] = {"stacks_ours_over_vllm": round(ours_stacks / theirs, 4) if theirs else None}
+    ours_stacks = report["ours"].get("stacks=sampled", {}).get("added_ms")
+    report["ratios"] = {"stacks_ours_over_vllm": round(ours_stacks / theirs, 4) if theirs and ours_stacks is not None else None}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
 

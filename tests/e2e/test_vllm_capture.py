@@ -98,7 +98,9 @@ def test_start_during_a_capture_is_409(vllm_stack):
     finally:
         client.request("POST", "/profile/stop")
     status = client.wait(capture_id, timeout=30)
-    assert status["state"] == "failed" and "stopped by request" in status["reason"]
+    # Stopped by its user before any engine step: cancelled, with nothing to download (issue 10).
+    assert status["state"] == "cancelled" and status["reason"] == "cancelled by the user before any step was recorded"
+    assert status["trace"] is None and status["files"] == {}
 
 
 def test_sidecar_killed_and_restarted_while_streaming(vllm_stack, background_load):
