@@ -60,6 +60,8 @@ def sidecar_capture(stack: Stack, params: dict) -> dict:
     out = {"state": status["state"], "trace_bytes": status["trace_bytes"],
            "end_to_end_s": round((status["finished_at"] or 0) - status["created_at"], 2)}
     for p in status["processes"]:
+        out[f"step_thread_ms[{p['role']}]"] = p.get("step_thread_ms")
+        out[f"export_ms[{p['role']}]"] = p.get("export_ms")
         s = p.get("stack_summary")
         if s and p["steps_recorded"]:
             out[f"sampler_cpu_ms_per_step[{p['role']}]"] = round(1000 * s["sampler_cpu_s"] / p["steps_recorded"], 2)

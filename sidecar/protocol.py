@@ -174,6 +174,10 @@ class CaptureReport(_JobReport, tag="capture", kw_only=True):
     file: Text | None = None  # with "done": the raw trace the probe wrote
     bytes: Count = 0
     stacks: StackMode = "none"  # what this process recorded (may differ from what was asked)
+    # ms the profiler's start/step/stop calls took on the engine's step thread (the API server: its
+    # event loop) so far; with "done", how long writing the file took on the probe's export thread.
+    step_thread_ms: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    export_ms: Annotated[float, msgspec.Meta(ge=0)] | None = None
     # With "done" and sampled stacks: StackSampler.summary() (counts, achieved rate, top frames).
     stack_summary: dict[str, Any] | None = None
 

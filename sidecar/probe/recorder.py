@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 from concurrent.futures import Executor
+from time import perf_counter_ns
 from typing import Any, Callable
 
 from ..engine import Role
@@ -117,6 +118,9 @@ class StepCapture(StepWindow):
         if limits is not None:
             self.limit_time(limits.max_capture_s, limits.duration_reason)
         self._prof = None
+        # Time the profiler's own calls took on the thread that runs the engine (start, each step,
+        # stop): what the capture cost the step loop directly, reported with every state.
+        self._on_step_thread_ns = 0
         self.stacks = stacks
         # Built here (the link thread): its thread starts now, not on the step thread.
         self._sampler = make_sampler(spec, limits) if stacks == "sampled" else None
@@ -145,22 +149,28 @@ class StepCapture(StepWindow):
 
     # -- the window's hooks (step thread) ----------------------------------------------------------
     def _start_recording(self) -> None:
+        began = perf_counter_ns()
         self._prof = make_profiler(self.spec, self._cuda, with_stack=self.stacks == "traced")
         self._prof.start()  # opens ProfilerStep#0
         sampler = self._sampler
         if sampler is not None:  # after the profiler: its samples fall inside the recorded steps
             sampler.start(threading.get_ident())
+        self._on_step_thread_ns += perf_counter_ns() - began
 
     def _step_began(self, n: int, new: bool) -> None:
         if new and n:  # each later working step opens the next ProfilerStep#<n>
+            began = perf_counter_ns()
             self._prof.step()
+            self._on_step_thread_ns += perf_counter_ns() - began
 
     def _stop_recording(self) -> None:
+        began = perf_counter_ns()
         if self._sampler is not None:
             self._sampler.stop()  # a flag and a clock read; the sampler parks by itself
         prof, self._prof = self._prof, None
         try:
             prof.stop()
+            self._on_step_thread_ns += perf_counter_ns() - began
         except Exception as exc:
             log.warning("inference-sidecar: profiler failed to stop: %s", exc)
             self._fail(f"profiler failed to stop: {exc}")
@@ -170,6 +180,7 @@ class StepCapture(StepWindow):
 
     # -- the export thread -------------------------------------------------------------------------
     def _export(self, prof) -> None:
+        began = perf_counter_ns()
         try:
             folder = os.path.dirname(self.trace_path)
             os.makedirs(folder, exist_ok=True)
@@ -194,7 +205,8 @@ class StepCapture(StepWindow):
             log.warning("inference-sidecar: capture %s: %s", self.spec.id, problem)
             self._fail(problem)
             return
-        self._report_state(P_DONE, file=self.trace_path, bytes=size, stack_summary=stack_summary)
+        self._report_state(P_DONE, file=self.trace_path, bytes=size, stack_summary=stack_summary,
+                           export_ms=round((perf_counter_ns() - began) / 1e6, 3))
 
     def _add_samples(self) -> dict[str, Any] | None:
         """The sampled stacks into the exported file; the sampler's summary (export thread). A
@@ -214,7 +226,8 @@ class StepCapture(StepWindow):
     def _report_state(self, state: str, **fields: Any) -> None:
         self._report(CaptureReport(
             job_id=self.spec.id, state=state, steps_recorded=self._recorded, first_step=self.first_step,
-            stop_reason=self._stop_reason, stacks=self.stacks, **fields))
+            stop_reason=self._stop_reason, stacks=self.stacks,
+            step_thread_ms=round(self._on_step_thread_ns / 1e6, 3), **fields))
 
 
 class WindowCapture(StepCapture):

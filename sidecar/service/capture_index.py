@@ -103,7 +103,8 @@ def _process(p: dict[str, Any], interrupted: bool) -> CaptureProcess:
         state, error = P_LOST, _PROCESS_INTERRUPTED
     rec = CaptureProcess(conn=None, identity=identity_from_json(p), state=state, error=error,
                          steps_recorded=int(p.get("steps_recorded") or 0), first_step=p.get("first_step"),
-                         stacks=str(p.get("stacks") or "none"), stack_summary=p.get("stack_summary"))
+                         stacks=str(p.get("stacks") or "none"), stack_summary=p.get("stack_summary"),
+                         step_thread_ms=float(p.get("step_thread_ms") or 0.0), export_ms=p.get("export_ms"))
     if not interrupted:  # an interrupted capture's files are partial: deleted, never offered
         rec.file, rec.bytes = p.get("file"), int(p.get("bytes") or 0)
     elif rec.state == P_DONE:

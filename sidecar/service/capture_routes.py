@@ -50,6 +50,7 @@ def _process_json(p: CaptureProcess) -> dict[str, Any]:
         "state": p.state, "steps_recorded": p.steps_recorded, "first_step": p.first_step,
         "file": p.file, "bytes": p.bytes, "error": p.error,
         "stacks": p.stacks, "stack_summary": p.stack_summary,
+        "step_thread_ms": p.step_thread_ms, "export_ms": p.export_ms,
     }
 
 

@@ -46,6 +46,8 @@ class CaptureProcess(ProcessRun):
     bytes: int = 0
     stacks: str = "none"  # the Python stacks this process recorded: none, sampled or traced
     stack_summary: dict[str, Any] | None = None  # the probe's sampler summary (sampled stacks)
+    step_thread_ms: float = 0.0  # the profiler's calls on the engine's step thread, as the probe measured
+    export_ms: float | None = None  # writing its trace file, on the probe's export thread
 
 
 @dataclass(eq=False, kw_only=True)
@@ -125,6 +127,7 @@ class CaptureManager(JobManager[Capture]):
     def _take_result(self, capture: Capture, rec: CaptureProcess, report: CaptureReport) -> None:
         rec.raw_file, rec.bytes = report.file or "", report.bytes
         rec.stacks, rec.stack_summary = report.stacks, report.stack_summary
+        rec.step_thread_ms, rec.export_ms = report.step_thread_ms, report.export_ms
         cut_short = (report.stack_summary or {}).get("stop_reason")
         if cut_short:  # the sampler's own bound ended it before the steps did
             capture.notes.append(f"{rec.label}: python stacks stopped early ({cut_short}); the steps were recorded")

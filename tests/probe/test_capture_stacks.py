@@ -93,6 +93,8 @@ def test_sampled_stacks_land_in_the_trace_and_name_the_slow_function(tmp_path, e
     hi = max(e["ts"] + e["dur"] for e in steps)
     assert all(lo - 1000 <= e["ts"] and e["ts"] + e["dur"] <= hi + 1000 for e in sampled)  # within 1 ms
     assert done.bytes == path.stat().st_size
+    # What the profiler's own calls cost the step thread, and the export its thread, are reported.
+    assert 0 < done.step_thread_ms < 10_000 and done.export_ms is not None and done.export_ms > 0
 
 
 def test_no_stacks_no_sampler_no_python_events(tmp_path, exporter):

@@ -178,7 +178,8 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
                                  "stacks": "sampled", "stack_hz": 1000.0,
                                  "profile_memory": False, "with_flops": False, "timeout_s": 120.0, "processes": "all"}
     assert list(status["processes"][0]) == ["role", "pid", "rank", "label", "state", "steps_recorded", "first_step",
-                                            "file", "bytes", "error", "stacks", "stack_summary"]
+                                            "file", "bytes", "error", "stacks", "stack_summary", "step_thread_ms",
+                                            "export_ms"]
     assert [p["stack_summary"]["samples"] for p in status["processes"]] == [7, 7]
     # The sampler's own bound cut the worker's stacks short: a note says so; the capture is done.
     assert any(n.startswith(f"{worker.identity.label}: python stacks stopped early (max_bytes reached)")
