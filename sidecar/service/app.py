@@ -20,6 +20,7 @@ from .captures import Capture, CaptureManager
 from .job_board import JobBoard
 from .keys import CAPTURES, JOBS, REGISTRY, SCANS, SETTINGS
 from .metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, add_metrics_routes
+from .openapi import OPENAPI_PATH, openapi_json
 from .params import ParamError
 from .probe_channel import add_probe_channel
 from .registry import ProbeRegistry
@@ -110,5 +111,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
     add_capture_routes(app)
     add_scan_routes(app)
     app.add_routes([web.get("/processes", processes), web.get("/healthz", healthz)])
+    # The API's OpenAPI document (docs/api.md, "OpenAPI"); behind the token like every endpoint but /healthz.
+    app.router.add_get(OPENAPI_PATH, openapi_json)
     add_probe_channel(app)
     return app

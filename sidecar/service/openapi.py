@@ -1,0 +1,268 @@
+"""The OpenAPI 3.1 document of the HTTP API, served at ``GET /openapi.json`` (docs/api.md, "OpenAPI").
+
+It is built from the app's own route table: every route must have an entry in ``OPERATIONS`` (a route
+without one fails the build, and tests/service/test_openapi.py checks both directions and the headings
+of docs/api.md). The start parameters come from params.py: their names are ``KNOWN`` and
+``SCAN_KNOWN`` (the build fails when a name has no schema here, or a schema no name), their enums
+``ACTIVITIES``, ``STACK_MODES`` and the standard roles, their ranges the same constants the parser
+checks against, so the document cannot drift from what the parser accepts.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from aiohttp import hdrs, web
+
+from .. import __version__, auth, config
+from ..protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ, METRICS_PUSH_PATH, PROBE_WS_PATH
+from .jobs import CAPTURE, SCAN
+from .keys import SETTINGS
+from .metrics_receiver import DECODED_ENCODINGS, MAX_BODY_BYTES, PROTOBUF, SCRAPE_PATH
+from .params import ACTIVITIES, BOOLEAN_OPTIONS, KNOWN, MIN_STACK_HZ, SCAN_KNOWN, STACK_MODES, known_roles
+from .request_body import FORM, JSON, MULTIPART
+
+__all__ = ["OPENAPI_PATH", "OPERATIONS", "build_document", "id_pattern", "openapi_json"]
+
+OPENAPI_PATH = "/openapi.json"
+# A route registered for every method ("*": the start routes) serves these; start_params refuses the rest.
+ANY_METHOD = ("GET", "POST")
+
+
+def id_pattern(kind) -> str:
+    """The ids ``kind.is_id`` accepts (jobs.py: ``YYYYmmdd-HHMMSS-xxxxxx`` after the kind's prefix)."""
+    return "^" + kind.id_prefix + r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$"
+
+
+def _process_pattern() -> str:
+    return "^(" + "|".join(known_roles()) + r")(:[0-9]+)?$"
+
+
+def _start_parameters(max_steps: int) -> dict[str, dict[str, Any]]:
+    """Every start parameter of either kind: name -> (schema, description, list-valued)."""
+    boolean = {"type": "boolean"}
+    params: dict[str, dict[str, Any]] = {
+        "steps": {"schema": {"type": "integer", "minimum": 1, "maximum": max_steps},
+                  "required": True, "description": "working steps to record or scan, 1..--max-steps"},
+        "delay": {"schema": {"type": "integer", "minimum": 0, "maximum": max_steps, "default": 0},
+                  "description": "working steps to skip first"},
+        "activities": {"schema": {"type": "array", "items": {"type": "string", "enum": list(ACTIVITIES)},
+                                  "minItems": 1},
+                       "list": True, "description": "comma-separated; default: what each host has"},
+        "processes": {"schema": {"type": "array", "items": {"type": "string", "pattern": _process_pattern()},
+                                 "minItems": 1},
+                      "list": True, "description": "roles to include, optionally role:rank (comma-separated); "
+                                                   "default: all"},
+        "timeout_s": {"schema": {"type": "number", "exclusiveMinimum": 0, "maximum": config.MAX_CAPTURE_TIMEOUT_S,
+                                 "default": config.DEFAULT_CAPTURE_TIMEOUT_S},
+                      "description": "give up waiting for steps after this many seconds"},
+        "stacks": {"schema": {"type": "string", "enum": list(STACK_MODES), "default": "none"},
+                   "description": "Python stacks (docs/api.md, Python stacks)"},
+        "with_stack": {"schema": boolean, "description": "the older spelling: true is stacks=sampled"},
+        "stack_hz": {"schema": {"type": "number", "minimum": MIN_STACK_HZ, "maximum": MAX_STACK_HZ,
+                                "default": DEFAULT_STACK_HZ},
+                     "description": "sampling rate of sampled stacks (only with stacks)"},
+        "baseline": {"schema": {"type": "string", "pattern": id_pattern(SCAN)},
+                     "description": "id of an earlier scan: new_sites lists only sites it did not have"},
+        **{name: {"schema": boolean, "description": "torch.profiler option"} for name in BOOLEAN_OPTIONS},
+    }
+    if set(params) != KNOWN | SCAN_KNOWN:
+        raise RuntimeError(f"start parameters documented {sorted(params)} != parsed {sorted(KNOWN | SCAN_KNOWN)}")
+    return params
+
+
+def _query_parameters(names: set[str], max_steps: int) -> list[dict[str, Any]]:
+    table = _start_parameters(max_steps)
+    out = []
+    for name in sorted(names, key=lambda n: (n != "steps", n)):
+        p = table[name]
+        param = {"name": name, "in": "query", "required": p.get("required", False),
+                 "description": p["description"], "schema": p["schema"]}
+        if p.get("list"):
+            param.update(style="form", explode=False)
+        out.append(param)
+    return out
+
+
+def _body(names: set[str], max_steps: int) -> dict[str, Any]:
+    """A start's body: the same parameters as a form, multipart form or JSON object (lists: comma-separated)."""
+    table = _start_parameters(max_steps)
+    props = {}
+    for name in sorted(names):
+        schema = copy.deepcopy(table[name]["schema"])
+        if schema["type"] == "array":
+            schema = {"type": "string", "description": "comma-separated"}
+        props[name] = schema
+    schema = {"type": "object", "properties": props, "required": ["steps"], "additionalProperties": False}
+    return {"required": False, "description": "overrides the query string's parameters (docs/api.md, Request bodies)",
+            "content": {FORM: {"schema": schema}, MULTIPART: {"schema": schema}, JSON: {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _ok(description: str, required: list[str] | None = None, content_type: str = JSON) -> dict[str, Any]:
+    if content_type != JSON:
+        return {"description": description, "content": {content_type: {"schema": {"type": "string"}}}}
+    schema: dict[str, Any] = {"type": "object"}
+    if required:
+        schema["required"] = required
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+_STARTED = ["id", "state", "url", "processes"]
+_STOPPED = ["id", "state", "url"]
+_BUSY = "another job runs (capture_in_progress or scan_in_progress, with active)"
+
+
+def _start(kind: str, names: set[str]) -> dict[str, Any]:
+    return {"summary": f"start a {kind}", "params": names, "responses": {
+        "202": _ok(f"the {kind} started", _STARTED), "400": _error("bad_parameter naming the parameter (param)"),
+        "409": _error(_BUSY), "415": _error("unsupported_media_type: a body of another type"),
+        "503": _error("no_engine_processes"), "507": _error("insufficient_storage")}}
+
+
+def _path_param(name: str, pattern: str | None = None) -> dict[str, Any]:
+    schema = {"type": "string", **({"pattern": pattern} if pattern else {})}
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+# (method, path) -> the operation: summary, responses, and where it differs from the rest: "params" (the
+# start parameters it takes), "path" (path parameters), "security" (none: the routes with their own).
+OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    **{(m, "/profile/start"): _start("capture", KNOWN) for m in ANY_METHOD},
+    ("POST", "/profile/stop"): {"summary": "stop the running capture early", "responses": {
+        "200": _ok("the capture, stopped", _STOPPED), "409": _error("no_active_capture")}},
+    ("GET", "/profile/{id}"): {"summary": "a capture", "path": [_path_param("id", id_pattern(CAPTURE))],
+                               "responses": {"200": _ok("the capture", ["id", "state"]),
+                                             "404": _error("no such capture")}},
+    ("GET", "/profile/{id}/trace"): {"summary": "the merged trace (gzip JSON)",
+                                     "path": [_path_param("id", id_pattern(CAPTURE))], "responses": {
+        "200": _ok("the merged trace", content_type="application/gzip"), "404": _error("no such capture or trace"),
+        "409": _error("the capture still runs"), "410": _error("the file was removed")}},
+    ("GET", "/profile/{id}/files/{name}"): {"summary": "one process's trace file (gzip JSON)",
+                                            "path": [_path_param("id", id_pattern(CAPTURE)), _path_param("name")],
+                                            "responses": {
+        "200": _ok("the file", content_type="application/gzip"), "404": _error("no such capture or file"),
+        "409": _error("the capture still runs"), "410": _error("the file was removed")}},
+    ("GET", "/profile/{id}/summary"): {"summary": "the analysis of the merged trace (docs/analysis.md)",
+                                       "path": [_path_param("id", id_pattern(CAPTURE))], "responses": {
+        "200": _ok("the summary"), "404": _error("no such capture or summary"), "409": _error("still running")}},
+    ("GET", "/profiles"): {"summary": "recent captures, newest first", "responses": {
+        "200": _ok("the captures", ["captures"])}},
+    **{(m, "/sync/start"): _start("hidden-sync scan", SCAN_KNOWN) for m in ANY_METHOD},
+    ("POST", "/sync/stop"): {"summary": "stop the running scan early", "responses": {
+        "200": _ok("the scan, stopped", _STOPPED), "409": _error("no_active_scan")}},
+    ("GET", "/sync/{id}"): {"summary": "a scan", "path": [_path_param("id", id_pattern(SCAN))],
+                            "responses": {"200": _ok("the scan", ["id", "state"]), "404": _error("no such scan")}},
+    ("GET", "/syncs"): {"summary": "recent scans, newest first", "responses": {"200": _ok("the scans", ["scans"])}},
+    ("GET", "/syncs/watch"): {"summary": "the always-on sync watch of every connected process", "responses": {
+        "200": _ok("processes and sites", ["processes", "sites"])}},
+    ("GET", "/processes"): {"summary": "the connected engine processes", "responses": {
+        "200": _ok("the processes", ["processes"])}},
+    ("GET", "/healthz"): {"summary": "health (no token needed)", "security": [], "responses": {
+        "200": _ok("healthy", ["status", "version", "processes", "active_capture"])}},
+    ("GET", SCRAPE_PATH): {"summary": "Prometheus metrics", "responses": {
+        "200": _ok("Prometheus text format", content_type="text/plain")}},
+    ("POST", METRICS_PUSH_PATH): {
+        "summary": "an OTLP/HTTP metrics push, signed (docs/api.md, Signed metric pushes)", "security": [],
+        "headers": [
+            {"name": auth.TIMESTAMP_HEADER, "in": "header", "required": True, "schema": {"type": "string",
+             "pattern": "^[0-9]+$"}, "description": f"unix seconds, within {auth.PUSH_MAX_SKEW_S} s"},
+            {"name": auth.SIGNATURE_HEADER, "in": "header", "required": True, "schema": {"type": "string",
+             "pattern": "^[0-9a-f]{64}$"}, "description": "HMAC-SHA256 of the push (docs/api.md)"},
+            {"name": "Content-Encoding", "in": "header", "required": False, "schema": {"type": "string",
+             "enum": [e for e in DECODED_ENCODINGS if e]}},
+        ],
+        "body": {"required": True, "content": {PROTOBUF: {"schema": {
+            "type": "string", "contentMediaType": PROTOBUF, "maxLength": MAX_BODY_BYTES,
+            "description": "an OTLP ExportMetricsServiceRequest"}}}},
+        "responses": {"200": _ok("taken (ExportMetricsServiceResponse)", content_type=PROTOBUF),
+                      "400": _error("bad_request: not valid gzip, or not an OTLP metrics request"),
+                      "401": _error("unauthorized: no valid signature, or a replay"),
+                      "413": _error("too_large"), "415": _error("unsupported_media_type")}},
+    ("GET", PROBE_WS_PATH): {
+        "summary": "the probe channel: a websocket (typed JSON frames, sidecar/protocol.py)", "security": [],
+        "websocket": True, "description": "Not a REST endpoint: an HTTP upgrade to a websocket, authenticated "
+        "in its first frames (docs/api.md, Probe authentication).",
+        "responses": {"101": {"description": "switching protocols: the websocket"}}},
+    ("GET", OPENAPI_PATH): {"summary": "this document", "responses": {"200": _ok("the OpenAPI document",
+                                                                                ["openapi", "paths"])}},
+}
+
+_COMMON = {"401": _error("unauthorized: a token is set and the request has no valid bearer token"),
+           "405": _error("method_not_allowed (the Allow header lists the right ones)"),
+           "500": _error("internal_server_error: a fault of the sidecar's")}
+
+
+def route_operations(app: web.Application) -> set[tuple[str, str]]:
+    """(method, path) of every route of ``app``, HEAD duplicates of GET left out, "*" as ``ANY_METHOD``."""
+    ops = set()
+    for route in app.router.routes():
+        path = route.resource.canonical if route.resource is not None else None
+        if path is None or route.method == hdrs.METH_HEAD:
+            continue
+        methods = ANY_METHOD if route.method == hdrs.METH_ANY else (route.method,)
+        ops.update((m, path) for m in methods)
+    return ops
+
+
+def build_document(app: web.Application) -> dict[str, Any]:
+    max_steps = app[SETTINGS].max_steps
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path in sorted(route_operations(app)):
+        if (method, path) not in OPERATIONS:
+            raise RuntimeError(f"{method} {path} is a route but has no entry in sidecar/service/openapi.py")
+        spec = OPERATIONS[(method, path)]
+        op: dict[str, Any] = {"operationId": _operation_id(method, path), "summary": spec["summary"]}
+        if "description" in spec:
+            op["description"] = spec["description"]
+        parameters = list(spec.get("path", [])) + list(spec.get("headers", []))
+        if "params" in spec:
+            parameters += _query_parameters(spec["params"], max_steps)
+            if method == "POST":
+                op["requestBody"] = _body(spec["params"], max_steps)
+        if "body" in spec:
+            op["requestBody"] = spec["body"]
+        if parameters:
+            op["parameters"] = parameters
+        responses = dict(spec["responses"])
+        if not spec.get("websocket"):
+            for status, response in _COMMON.items():
+                if status == "401" and spec.get("security") == [] and "401" not in responses:
+                    continue
+                responses.setdefault(status, response)
+        op["responses"] = responses
+        if "security" in spec:
+            op["security"] = spec["security"]
+        if spec.get("websocket"):
+            op["x-websocket"] = True
+        paths.setdefault(path, {})[method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "inference-sidecar HTTP API", "version": __version__,
+                 "description": "The sidecar's HTTP API; docs/api.md is its prose (tests check one against the other)."},
+        "paths": paths,
+        "security": [{"bearer": []}],
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description":
+                                           "required on every endpoint but /healthz when the sidecar has a token"}},
+            "schemas": {"Error": {
+                "type": "object", "required": ["error", "message"],
+                "properties": {"error": {"type": "string"}, "message": {"type": "string"},
+                               "param": {"type": "string", "description": "bad_parameter: the parameter"},
+                               "active": {"type": "string", "description": "the busy codes: the running job"}}}},
+        },
+    }
+
+
+def _operation_id(method: str, path: str) -> str:
+    words = [w.strip("{}") for w in path.strip("/").replace(".", "_").split("/")]
+    return method.lower() + "_" + "_".join(w.replace("-", "_") for w in words)
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    # Built on each request (it is small): from the routes as they are, the app being frozen by then.
+    return web.json_response(build_document(request.app))
