@@ -69,6 +69,17 @@ def sidecar_capture(stack: Stack, params: dict) -> dict:
     return out
 
 
+def measure(stack: Stack, trigger, args: argparse.Namespace, label: str) -> dict:
+    """``args.rounds`` captures by ``trigger`` under load: every round's figures and the median stall."""
+    runs = []
+    for _ in range(args.rounds):
+        m = stall_during(stack, trigger, seconds=args.seconds)
+        m["added_ms"] = added(m)
+        runs.append(m)
+        print(f"bench: {label} {m}", flush=True)
+    return {"runs": runs, "added_ms": statistics.median(r["added_ms"] for r in runs)}
+
+
 def _post(url: str, body: dict | None = None) -> None:
     req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
@@ -119,13 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         stack.wait_for_processes(3)
         load_for(stack, 3)  # warm-up
         for name, params in options.items():
-            runs = []
-            for _ in range(args.rounds):
-                m = stall_during(stack, lambda: sidecar_capture(stack, params), seconds=args.seconds)
-                m["added_ms"] = added(m)
-                runs.append(m)
-                print(f"bench: ours {name:<22} {m}", flush=True)
-            report["ours"][name] = {"runs": runs, "added_ms": statistics.median(r["added_ms"] for r in runs)}
+            report["ours"][name] = measure(stack, lambda: sidecar_capture(stack, params), args,
+                                           f"ours {name:<22}")
 
     tdir = work / "vllm-traces"
     cfg = {"profiler": "torch", "torch_profiler_dir": str(tdir)}  # vLLM's defaults: with_stack on
@@ -133,14 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                server_args=("--profiler-config", json.dumps(cfg))) as stack:
         stack.start_server(timeout=600)
         load_for(stack, 3)
-        runs = []
-        for _ in range(args.rounds):
-            m = stall_during(stack, lambda: vllm_capture(stack, tdir), seconds=args.seconds)
-            m["added_ms"] = added(m)
-            runs.append(m)
-            print(f"bench: vLLM built-in (with_stack) {m}", flush=True)
-        report["vllm"]["with_stack (default)"] = {"runs": runs,
-                                                   "added_ms": statistics.median(r["added_ms"] for r in runs)}
+        report["vllm"]["with_stack (default)"] = measure(stack, lambda: vllm_capture(stack, tdir), args,
+                                                          "vLLM built-in (with_stack)")
 
     theirs = report["vllm"]["with_stack (default)"]["added_ms"]
     ours_stacks = report["ours"].get("stacks=sampled", {}).get("added_ms")

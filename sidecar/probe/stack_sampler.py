@@ -20,7 +20,7 @@ What each thread pays
   code the achieved rate is about 150-200 Hz whatever ``hz`` says; against code that releases the
   GIL (torch ops, I/O, waits) it is the requested rate. The summary reports the achieved rate, and
   ranks frames by sampled *time* rather than sample counts, which would under-count Python-heavy
-  code by a factor of up to five (``summary``, ``_weights``). The sampler thread keeps the default
+  code by a factor of up to five (``summary``, stack_weights.py). The sampler thread keeps the default
   OS priority on purpose: a low-priority thread that holds the GIL and is preempted would stall
   every other thread (priority inversion).
 * Idle: the thread waits on an Event; no polling, no wakeups.
@@ -85,6 +85,7 @@ from operator import attrgetter
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .kineto_file import insert_events
+from .stack_weights import sample_weights, weight_cap
 
 log = logging.getLogger(__name__)
 
@@ -563,7 +564,7 @@ class StackSampler:
         ``top_self``: the innermost frame (function, file, executing line); ``top_total``: functions
         anywhere on the stack (a recursive function counts once per sample). Rows are ranked by
         sampled time, not by sample count: each sample stands for the time since the previous one
-        (capped at ``weight_cap_ms``), see ``_weights``. Counts alone would be
+        (capped at ``weight_cap_ms``), see stack_weights.py. Counts alone would be
         biased: the sampler reaches the GIL about every switch interval (5 ms) while the target
         runs Python, but at once while it sits in a call that releases the GIL (a torch op, a
         wait), so Python-heavy code gets fewer samples per second than waits. ``share`` is of
@@ -572,7 +573,7 @@ class StackSampler:
             self._settle(timeout)
         n = len(self._t)
         active_s = self._active_ns / 1e9
-        weights = self._weights()
+        weights = sample_weights(self._t, self._wait, self._segments, self.period_ns)
         total_weight = sum(weights) or 1
         stacks, cut = self._stacks, self._cut_frame
         self_time: Counter = Counter()
@@ -606,7 +607,7 @@ class StackSampler:
             "achieved_hz": round(n / active_s, 1) if active_s > 0 else 0.0,
             "active_s": round(active_s, 6),
             "sampled_s": round(sum(weights) / 1e9, 6),
-            "weight_cap_ms": round(self._weight_cap() / 1e6, 3),
+            "weight_cap_ms": round(weight_cap(self.period_ns) / 1e6, 3),
             "sampler_cpu_s": round(self._cpu_ns / 1e9, 6),
             "sampler_cpu_share": round(self._cpu_ns / self._active_ns, 4) if self._active_ns else 0.0,
             "segments": len(self._segments),
@@ -618,58 +619,6 @@ class StackSampler:
             "top_self": [row(fid, line, w, self_count[(fid, line)]) for (fid, line), w in self_time.most_common(top)],
             "top_total": [row(fid, self._frames[fid][2], w, total_count[fid]) for fid, w in total_time.most_common(top)],
         }
-
-    def _weight_cap(self) -> int:
-        """The most time one sample stands for: a hundred periods, and at least twenty GIL switch
-        intervals (100 ms at the defaults). Long gaps are mostly real: the sampler waits a switch
-        interval or more for the GIL while the target runs Python, longer on a busy host, and as
-        long as a C call that keeps the GIL lasts; the sample that ends such a wait sees the code
-        that held the GIL. A cap of 10 ms lost a third of a 15 ms pure-Python stretch."""
-        return max(100 * self.period_ns, int(20e9 * sys.getswitchinterval()))
-
-    def _weights(self) -> list[int]:
-        """Per sample, the time it stands for, from the stretch between it and the previous sample
-        of its segment, or since ``start()`` for the first (each sample's share capped).
-
-        That stretch is a sleep until the tick the sample was due at, then a wait for the GIL, and
-        how long the wait was says who held the GIL at the tick:
-
-        * a whole switch interval or more: the target ran Python and the interpreter had to force
-          the switch: the code seen at the sample held the GIL; the stretch goes to it;
-        * a noticeable wait (a quarter period, at least 200 µs) cut short: the target was running
-          Python at the tick and then released the GIL by itself, entering the blocking call seen
-          at the sample; the code before that call is the previous sample's; the stretch goes to
-          the previous sample;
-        * no real wait: the target was in a call that releases the GIL; the stretch is split
-          between both samples.
-
-        Measured on alternating 15 ms halves of pure Python and GIL-releasing waits (truth: 50 %
-        each), the Python half got: by sample count 10-20 %; the time until the next sample 25 %;
-        since the previous sample 38-46 %; this rule 48-52 %."""
-        cap, period, times, waits = self._weight_cap(), self.period_ns, self._t, self._wait
-        forced = int(0.9e9 * sys.getswitchinterval())
-        contended = max(200_000, period // 4)
-        weights = [0] * len(times)
-        for seg in self._segments:
-            if seg.hi <= seg.lo:
-                continue
-            first = times[seg.lo]
-            weights[seg.lo] = first - seg.start_ns if seg.start_ns is not None and seg.start_ns <= first else period
-            for i in range(seg.lo + 1, seg.hi):
-                gap = times[i] - times[i - 1]
-                wait = waits[i]
-                if wait >= forced:
-                    weights[i] += gap
-                elif wait >= contended:
-                    weights[i - 1] += gap
-                else:
-                    half = gap // 2
-                    weights[i - 1] += half
-                    weights[i] += gap - half
-            for i in range(seg.lo, seg.hi):
-                if weights[i] > cap:
-                    weights[i] = cap
-        return weights
 
     def headline(self) -> str:
         """One line for a verdict: ``python stacks: 1843 samples at 612 Hz; top: f (x.py:12) 41 %``
