@@ -39,6 +39,11 @@ ENV_TRACE_DIR = "SIDECAR_TRACE_DIR"
 DEFAULT_MAX_STEPS = 1000
 DEFAULT_MAX_CAPTURE_MB = 1024
 DEFAULT_KEEP_CAPTURES = 20
+# Retention by size: the newest finished captures are kept while their folders total at most this
+# much (the newest one always stays, whatever its size: --max-capture-mb bounds it).
+DEFAULT_KEEP_MB = 4096
+# Below this much free space on the trace dir a capture is refused (HTTP 507).
+DEFAULT_MIN_FREE_MB = 64
 DEFAULT_CAPTURE_TIMEOUT_S = 120.0
 MAX_CAPTURE_TIMEOUT_S = 3600.0
 

@@ -170,3 +170,15 @@ def test_capture_passes_the_stack_options(monkeypatch, capsys):
     assert "sampled stacks" in out and "traced stacks" in out
     bad = run("capture", "--url", "http://127.0.0.1:9", "--stacks", "all")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_serve_checks_its_retention_and_free_space_flags(tmp_path):
+    base = ("serve", "--port", "0", "--trace-dir", str(tmp_path / "traces"))
+    for flag, value, says in (("--keep-mb", "0", "--keep-mb must be positive"),
+                              ("--min-free-mb", "-1", "--min-free-mb must be 0 or more")):
+        result = run(*base, flag, value, env=_serve_env(tmp_path))
+        assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+    from sidecar.cli import build_parser
+
+    args = build_parser("serve").parse_args(["serve", "--keep-mb", "100", "--min-free-mb", "0"])
+    assert (args.keep_mb, args.min_free_mb) == (100, 0)

@@ -94,11 +94,11 @@ def make_app(settings: ServiceSettings) -> web.Application:
     app[JOBS] = board
     app[CAPTURES] = CaptureManager(
         registry, board, settings.trace_dir, executor, max_capture_bytes=settings.max_capture_bytes,
-        keep=settings.keep, render=capture_json, stop_grace_s=settings.stop_grace_s, on_finished=observe_capture,
+        keep=settings.keep, keep_bytes=settings.keep_bytes, min_free_bytes=settings.min_free_bytes, render=capture_json, stop_grace_s=settings.stop_grace_s, on_finished=observe_capture,
     )
     app[METRICS_REGISTRY].register(WatchCollector(registry))
     app[SCANS] = ScanManager(registry, board, settings.trace_dir / "scans", keep=settings.keep,
-                             stop_grace_s=settings.stop_grace_s, on_finished=SyncFindings(app[METRICS_REGISTRY]).observe)
+                             keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, on_finished=SyncFindings(app[METRICS_REGISTRY]).observe)
 
     async def lifecycle(app: web.Application):
         yield

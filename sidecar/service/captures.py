@@ -89,17 +89,20 @@ class CaptureManager(JobManager[Capture]):
         *,
         max_capture_bytes: int,
         keep: int,
+        keep_bytes: int | None = None,
+        min_free_bytes: int = disk_space.MIN_FREE_BYTES,
         render: Callable[[Capture], dict[str, Any]],
         stop_grace_s: float = STOP_GRACE_S,
         arm_reply_s: float = ARM_REPLY_S,
         on_finished: Callable[[Capture], None] | None = None,
     ) -> None:
         """``render``: the capture's JSON as ``GET /profile/{id}`` serves it, saved as capture.json."""
-        super().__init__(registry, board, keep=keep, stop_grace_s=stop_grace_s, arm_reply_s=arm_reply_s,
-                         on_finished=on_finished)
+        super().__init__(registry, board, keep=keep, keep_bytes=keep_bytes, stop_grace_s=stop_grace_s,
+                         arm_reply_s=arm_reply_s, on_finished=on_finished)
         self._trace_dir = trace_dir
         self._executor = executor
         self._max_bytes = max_capture_bytes
+        self._min_free_bytes = min_free_bytes
         self._render = render
         # The disk is the truth: what an earlier run of the sidecar left is listed, served and
         # retained (capture_index builds Capture objects, so it imports this module: imported here).
@@ -112,7 +115,7 @@ class CaptureManager(JobManager[Capture]):
         if "cuda" in request.activities and not any(c.identity.cuda for c in chosen):
             raise ParamError("activities", "cuda was asked for but no selected process has a CUDA device")
         # A capture on a full disk fails late and leaves half-written files: refuse it now.
-        disk_space.ensure_room(self._trace_dir)
+        disk_space.ensure_room(self._trace_dir, self._min_free_bytes)
         capture_id = self.kind.new_id()
         capture = Capture(
             id=capture_id, request=request, dir=self._trace_dir / "captures" / capture_id,
@@ -190,3 +193,6 @@ class CaptureManager(JobManager[Capture]):
 
     def _remove(self, capture: Capture) -> None:
         shutil.rmtree(capture.dir, ignore_errors=True)
+
+    def _footprint(self, capture: Capture) -> int:
+        return disk_space.tree_bytes(capture.dir)

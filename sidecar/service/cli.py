@@ -28,6 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, default=config.DEFAULT_MAX_STEPS, help="largest steps= accepted (default %(default)s)")
     p.add_argument("--max-capture-mb", type=int, default=config.DEFAULT_MAX_CAPTURE_MB, help="size limit of one capture's traces (default %(default)s MiB)")
     p.add_argument("--keep", type=int, default=config.DEFAULT_KEEP_CAPTURES, help="finished captures kept on disk (default %(default)s)")
+    p.add_argument("--keep-mb", type=int, default=config.DEFAULT_KEEP_MB,
+                   help="MiB of finished captures kept on disk: the oldest go first, the newest always stays "
+                        "(default %(default)s)")
+    p.add_argument("--min-free-mb", type=int, default=config.DEFAULT_MIN_FREE_MB,
+                   help="refuse a capture (HTTP 507) while the trace dir's disk has less free (default %(default)s MiB)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=_serve)
 
@@ -76,9 +81,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"sidecar serve: binding {args.host} exposes the API beyond this host; "
               f"give a token with --token or ${config.ENV_TOKEN}", file=sys.stderr)
         return 2
-    for name in ("port", "max_steps", "max_capture_mb", "keep"):
-        if getattr(args, name) < (0 if name == "port" else 1):
-            print(f"sidecar serve: --{name.replace('_', '-')} must be positive", file=sys.stderr)
+    for name in ("port", "max_steps", "max_capture_mb", "keep", "keep_mb", "min_free_mb"):
+        if getattr(args, name) < (0 if name in ("port", "min_free_mb") else 1):
+            least = "0 or more" if name in ("port", "min_free_mb") else "positive"
+            print(f"sidecar serve: --{name.replace('_', '-')} must be {least}", file=sys.stderr)
             return 2
     try:
         probe_token = auth.ensure_token_file(config.token_file(), token)
@@ -93,6 +99,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         max_capture_bytes=args.max_capture_mb * 2**20,
         keep=args.keep,
+        keep_bytes=args.keep_mb * 2**20,
+        min_free_bytes=args.min_free_mb * 2**20,
     )
     # Not web.run_app: serving.serve answers in JSON even what aiohttp's HTTP parser refuses.
     serve(make_app(settings), args.host, args.port, _listening(settings.trace_dir))

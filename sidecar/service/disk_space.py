@@ -14,12 +14,15 @@ import os
 import shutil
 from pathlib import Path
 
+from .. import config
+
 log = logging.getLogger(__name__)
 
 NO_SPACE = "no space left on device"
-# Below this much free space on the trace dir a capture is refused: a few steps of one process
-# already write tens of MiB of plain JSON, and the sidecar needs room for the gzip and the merge.
-MIN_FREE_BYTES = 64 << 20
+# Below this much free space on the trace dir a capture is refused (``sidecar serve --min-free-mb``):
+# a few steps of one process already write tens of MiB of plain JSON, and the sidecar needs room for
+# the gzip and the merge.
+MIN_FREE_BYTES = config.DEFAULT_MIN_FREE_MB << 20
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -79,3 +82,21 @@ def unlink_quietly(*paths: Path) -> None:
             path.unlink(missing_ok=True)
         except OSError as exc:
             log.warning("cannot delete %s: %s", path, exc)
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 for a path that is gone); links are not followed."""
+    total = 0
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                total += tree_bytes(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total

@@ -54,6 +54,7 @@ class JobManager(Generic[J]):
         board: "JobBoard",
         *,
         keep: int,
+        keep_bytes: int | None = None,
         stop_grace_s: float = STOP_GRACE_S,
         arm_reply_s: float = arming.ARM_REPLY_S,
         on_finished: Callable[[J], None] | None = None,
@@ -61,6 +62,7 @@ class JobManager(Generic[J]):
         self._registry = registry
         self._board = board
         self._keep = keep
+        self._keep_bytes = keep_bytes
         self._grace_s = stop_grace_s
         self._arm_reply_s = arm_reply_s
         self._on_finished = on_finished
@@ -100,6 +102,10 @@ class JobManager(Generic[J]):
     def _remove(self, job: J) -> None:
         """Delete what the job left on disk (retention)."""
         raise NotImplementedError
+
+    def _footprint(self, job: J) -> int:
+        """Bytes the finished job holds on disk (retention by size)."""
+        return 0
 
     # -- queries -----------------------------------------------------------------------------------
     @property
@@ -302,10 +308,20 @@ class JobManager(Generic[J]):
         self._retain()
 
     def _retain(self) -> None:
+        """Keep the newest finished jobs while there are at most ``keep`` of them and they hold at
+        most ``keep_bytes`` on disk; delete the older ones. The newest always stays, whatever its
+        size: the user has just asked for it (and the kind's own limit bounds it)."""
         finished = [j for j in self._jobs.values() if j.state in FINAL]
-        for old in finished[: max(0, len(finished) - self._keep)]:
-            del self._jobs[old.id]
-            self._remove(old)
+        kept, total = 0, 0
+        for job in reversed(finished):
+            if kept < self._keep and self._keep_bytes is not None:
+                total += self._footprint(job)
+            if kept < self._keep and (kept == 0 or self._keep_bytes is None or total <= self._keep_bytes):
+                kept += 1
+                continue
+            kept = self._keep  # everything older goes too: retention never leaves a gap
+            del self._jobs[job.id]
+            self._remove(job)
 
     # -- timers ------------------------------------------------------------------------------------
     async def _give_up_after_grace(self, job: J) -> None:

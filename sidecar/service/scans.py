@@ -91,11 +91,12 @@ class ScanManager(JobManager[Scan]):
         store_dir: Path,
         *,
         keep: int,
+        keep_bytes: int | None = None,
         stop_grace_s: float = STOP_GRACE_S,
         arm_reply_s: float = ARM_REPLY_S,
         on_finished: Callable[[Scan], None] | None = None,
     ) -> None:
-        super().__init__(registry, board, keep=keep, stop_grace_s=stop_grace_s, arm_reply_s=arm_reply_s,
+        super().__init__(registry, board, keep=keep, keep_bytes=keep_bytes, stop_grace_s=stop_grace_s, arm_reply_s=arm_reply_s,
                          on_finished=on_finished)
         self._dir = store_dir
         self._adopt(self._restore())
@@ -165,6 +166,12 @@ class ScanManager(JobManager[Scan]):
 
     def _remove(self, scan: Scan) -> None:
         self._path(scan.id).unlink(missing_ok=True)
+
+    def _footprint(self, scan: Scan) -> int:
+        try:
+            return self._path(scan.id).stat().st_size
+        except OSError:
+            return 0
 
     def _load(self, scan_id: str) -> dict[str, Any] | None:
         scan = self._jobs.get(scan_id)

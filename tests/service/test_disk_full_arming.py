@@ -14,7 +14,7 @@ Usage = namedtuple("Usage", "total used free")
 
 
 async def test_a_capture_is_refused_when_the_trace_dir_is_nearly_full(tmp_path, monkeypatch):
-    world = World(tmp_path)
+    world = World(tmp_path, min_free_bytes=disk_space.MIN_FREE_BYTES)
     try:
         world.connect("worker", 0)
         monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda _p: Usage(1 << 30, 1 << 30, 10 << 20))
@@ -25,3 +25,19 @@ async def test_a_capture_is_refused_when_the_trace_dir_is_nearly_full(tmp_path, 
         assert not (world.trace_dir / "captures").exists() or not any((world.trace_dir / "captures").iterdir())
     finally:
         await world.close()
+
+
+async def test_the_free_space_floor_is_the_one_the_sidecar_was_given(tmp_path, monkeypatch):
+    """``--min-free-mb``: 10 MiB free is refused under a 16 MiB floor and accepted under an 8 MiB one."""
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda _p: Usage(1 << 30, 1 << 30, 10 << 20))
+    for floor_mb, refused in ((16, True), (8, False)):
+        world = World(tmp_path / str(floor_mb), min_free_bytes=floor_mb << 20)
+        try:
+            world.connect("worker", 0)
+            if refused:
+                with pytest.raises(disk_space.DiskFull, match="at least 16 MiB"):
+                    await world.captures.start(CaptureRequest(steps=1))
+            else:
+                assert (await world.captures.start(CaptureRequest(steps=1))).id
+        finally:
+            await world.close()
