@@ -48,6 +48,9 @@ class Stack:
     server_args: tuple[str, ...] = ()  # appended to the server's command line
     env: dict[str, str] = field(default_factory=dict)
     sidecar_args: tuple[str, ...] = ()
+    # Put before the sidecar's and the server's command lines: e.g. ``nsenter ...`` to run both in a
+    # mount namespace where the trace dir is a small tmpfs (the full-disk test).
+    launcher: tuple[str, ...] = ()
     _server: subprocess.Popen | None = None
     _sidecar: subprocess.Popen | None = None
 
@@ -103,7 +106,7 @@ class Stack:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.work_dir / "sidecar.log", "ab")
         self._sidecar = subprocess.Popen(
-            [sys.executable, "-m", "sidecar.cli", "serve", "--port", str(self.sidecar_port),
+            [*self.launcher, sys.executable, "-m", "sidecar.cli", "serve", "--port", str(self.sidecar_port),
              "--trace-dir", str(self.trace_dir), *self.sidecar_args],
             env=self._env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -116,7 +119,7 @@ class Stack:
     def start_server(self, timeout: float = 240) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.work_dir / self.log_name, "ab")
-        self._server = subprocess.Popen(self.server_command(), env=self._env(), stdout=log, stderr=subprocess.STDOUT,
+        self._server = subprocess.Popen([*self.launcher, *self.server_command()], env=self._env(), stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
         self._wait(f"{self.server_url}{self.health_path}", timeout, self._server, self.engine_label, raw=True)
 
