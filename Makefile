@@ -1,8 +1,10 @@
 # Two commands for a newcomer: `make demo` and `make test`. Everything installs into .venv/.
 PY := .venv/bin/python
 MODEL ?= models/tiny
+SOAK_MINUTES ?= 30
+SOAK_ARGS ?=
 
-.PHONY: install model demo test bench clean
+.PHONY: install model demo test bench soak clean
 
 install:
 	@bash scripts/install.sh
@@ -19,6 +21,12 @@ test: install
 
 bench: install
 	$(PY) benchmarks/run_all.py
+
+# Not part of test or bench: continuous traffic, captures, scans and sidecar restarts for
+# SOAK_MINUTES against real vLLM; writes bench-results/soak-<timestamp>.json (docs/benchmarks.md, Soak).
+# More options in SOAK_ARGS, e.g. SOAK_ARGS="--restart-every-min 5 --keep 5".
+soak: install model
+	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES) --model $(MODEL) $(SOAK_ARGS)
 
 clean:
 	rm -rf .venv models traces bench-results .pytest_cache
