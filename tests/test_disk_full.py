@@ -174,3 +174,73 @@ def test_an_empty_export_is_a_failure_naming_the_full_disk(tmp_path, exporter, m
     assert report.state == "failed", "a 0-byte trace is never 'done'"
     assert "0 bytes" in report.error and disk_space.NO_SPACE in report.error, report.error
     assert not raw.exists() or os.listdir(raw) == []
+
+
+_KINETO_ON_A_FULL_DISK = r"""
+import os, sys
+import torch, torch.profiler as tp
+from sidecar.probe.trace_root import release
+folder = sys.argv[1]
+st = os.statvfs(folder)
+with open(os.path.join(folder, "filler"), "wb") as f:
+    f.write(b"\0" * (st.f_bavail * st.f_frsize - 16384))
+def held():
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(folder):
+            out.append(target)
+    return out
+prof = tp.profile(activities=[tp.ProfilerActivity.CPU])
+prof.start()
+for _ in range(300):
+    torch.randn(8, 8) @ torch.randn(8, 8)
+prof.stop()
+prof.export_chrome_trace(os.path.join(folder, "t.json"))
+print("after export:", held())
+release(prof)
+print("after release:", held())
+"""
+
+
+def test_a_failed_kineto_export_on_a_really_full_disk_lets_go_of_its_file(tmp_path):
+    """Kineto's writer keeps the temporary file of an export that hit ENOSPC open while the
+    profiler's results live (the probe used to leave them to the garbage collector: the deleted
+    file kept its space). A real tmpfs, filled up, in a user and mount namespace of its own."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "small"
+    folder.mkdir()
+    script = tmp_path / "kineto_full.py"
+    script.write_text(_KINETO_ON_A_FULL_DISK)
+    done = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+         f"mount -t tmpfs -o size=1m tmpfs '{folder}' && exec '{sys.executable}' '{script}' '{folder}'"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in done.stdout.splitlines() if ":" in line}
+    assert "t.json.tmp" in lines["after export"], done.stdout  # the failure this guards against is real
+    assert lines["after release"] == "[]", done.stdout
+
+
+def test_a_trace_kineto_never_renamed_is_named_a_full_disk(tmp_path, monkeypatch):
+    """Kineto leaves ``<trace>.tmp`` and no trace when a write fails; with the disk full that is
+    what the verdict says, not "No such file or directory" (found on real vLLM, a real tmpfs)."""
+    from sidecar.probe import trace_root
+
+    raw = tmp_path / "captures" / ID / "raw"
+    raw.mkdir(parents=True)
+    path = raw / "worker.json"
+    (raw / "worker.json.tmp").write_bytes(b'{"traceEvents": [')
+    monkeypatch.setattr(trace_root.shutil, "disk_usage", lambda _p: Usage(1 << 30, 1 << 30, 4096))
+    problem = trace_root.export_problem(None, str(path))
+    assert problem.startswith(trace_root.NO_SPACE) and "temporary file" in problem, problem
+    monkeypatch.setattr(trace_root.shutil, "disk_usage", lambda _p: Usage(1 << 30, 0, 1 << 30))
+    problem = trace_root.export_problem(None, str(path))
+    assert problem == "trace export failed: the trace was not written (the writer left its temporary file)"
+    trace_root.discard(str(path))
+    assert not (tmp_path / "captures" / ID).exists(), "the temporary file goes with the trace, and its folders"

@@ -25,8 +25,8 @@ NO_SPACE = "no space left on device"
 # After an export, less free space than this on the trace's file system means the write hit the
 # wall: Kineto's writer does not raise on a full disk, it leaves a cut-short or empty file.
 FULL_BELOW_BYTES = 1 << 20
-# Temporary files beside a raw trace: torch/Kineto's and the stack sampler's (kineto_file.py).
-_TEMP_SUFFIXES = (".tmp", ".sampled.tmp")
+# Temporary files beside a raw trace: Kineto's.
+_TEMP_SUFFIXES = (".tmp",)
 
 
 class TraceRoot:
@@ -63,11 +63,28 @@ def export_problem(error: BaseException | None, path: str) -> str | None:
         try:
             if os.path.getsize(path) > 0:  # cut short or not, the sidecar's check of the JSON tells
                 return None
+            what = "the exported trace is empty (0 bytes)"
+        except FileNotFoundError:
+            # Kineto writes <path>.tmp and renames it only when every write went through: a write
+            # that failed (a full disk, typically) leaves the temporary file and no trace.
+            what = "the trace was not written" + (
+                " (the writer left its temporary file)" if os.path.exists(path + ".tmp") else "")
         except OSError as exc:
             return f"trace export failed: {exc}"
-        what = "the exported trace is empty (0 bytes)"
         return f"{NO_SPACE} ({os.path.dirname(path)}): {what}" if full else f"trace export failed: {what}"
     return f"trace export failed: {NO_SPACE} ({os.path.dirname(path)})" if full else f"trace export failed: {error}"
+
+
+def release(prof) -> None:
+    """Let go of what a stopped torch.profiler holds, now. Kineto keeps the temporary file of an
+    export that failed (a full disk) open for as long as the profiler's results live, and a
+    ``torch.profiler.profile`` sits in reference cycles (its action table holds its own bound
+    methods) that only the cyclic garbage collector frees, possibly minutes later: until then a
+    deleted file keeps its space and the events their memory. Verified with torch 2.13: the file's
+    descriptor closes when ``kineto_results`` is dropped."""
+    inner = getattr(prof, "profiler", None)  # torch.autograd.profiler.profile
+    if inner is not None and hasattr(inner, "kineto_results"):
+        inner.kineto_results = None
 
 
 def discard(path: str) -> None:
