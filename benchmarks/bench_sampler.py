@@ -13,7 +13,9 @@ Measured in one process, no server:
                40 frames deep), which holds the GIL, so the sampler gets in only at the switch
                interval; and mixed (half of the time in hashlib, which releases the GIL, as a torch
                op does), where the sampler runs at its full rate.
-  export       append_to_trace of the mixed run's slices into a 20 MB Kineto-like JSON file
+  hand-over    the mixed run's samples: what the probe's export thread pays in the engine process
+               (``dump``: the raw samples file), and what the sidecar then does off the engine
+               (reading it, the summary, the slices inserted into a 20 MB Kineto-like JSON file)
 
 python benchmarks/bench_sampler.py [--pairs 10] [--seconds 0.2] [--hz 1000] [--out bench-results/sampler.json]
 """
@@ -36,7 +38,10 @@ from typing import Optional, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sidecar.analysis import sampled_stacks  # noqa: E402
 from sidecar.probe.stack_sampler import StackSampler  # noqa: E402
+from sidecar.service.kineto_file import copy_with_events  # noqa: E402
+from sidecar.stack_samples import check, read  # noqa: E402
 
 DEFAULT_HZ = 1000.0  # the sampler's default rate; --hz changes it for a run
 
@@ -109,6 +114,11 @@ def calibrate_rounds(work, seconds: float) -> int:
         rounds *= 2
 
 
+def summary_of(sampler: StackSampler, top: int = 10) -> dict:
+    """The samples' summary, as the sidecar builds it (stops the sampler)."""
+    return sampled_stacks.summary(check(sampler.raw()), top)
+
+
 # -- measurements ---------------------------------------------------------------------------------------
 def sleep_cpu_us(calls: int = 300) -> float:
     """CPU time of one ``time.sleep(0.0009)`` (the sampler's sleep between samples): the part of a
@@ -133,7 +143,7 @@ def per_sample_cost(depth: int, seconds: float, sleep_us: float, extra_threads: 
         sampler.start()
         time.sleep(seconds)
         threads = threading.active_count()
-        summary = sampler.summary()
+        summary = summary_of(sampler)
     finally:
         sampler.close()
         release.set()
@@ -165,7 +175,7 @@ def timed_run(work, rounds: int, sampled: bool, hz: float = DEFAULT_HZ) -> tuple
         took = time.perf_counter() - t0
         if sampler is not None:
             sampler.stop()
-            return took, sampler.summary(top=3)
+            return took, summary_of(sampler, top=3)
         return took, None
     finally:
         if sampler is not None:
@@ -207,37 +217,45 @@ def slowdown(work, seconds: float, pairs: int, hz: float = DEFAULT_HZ) -> dict:
     }
 
 
-def export_cost(seconds: float, hz: float = DEFAULT_HZ) -> dict:
-    """Sample the mixed target for ``seconds`` and append its slices to a 20 MB Kineto-like file."""
+def handover_cost(seconds: float, hz: float = DEFAULT_HZ) -> dict:
+    """Sample the mixed target for ``seconds``; dump its samples (the probe's side), then read them,
+    summarise them and insert their slices into a 20 MB Kineto-like file (the sidecar's side)."""
     rounds = calibrate_rounds(mixed_work, seconds)
     sampler = StackSampler(threading.get_ident(), hz=hz)
     try:
         sampler.start()
         mixed_work(40, rounds)
         sampler.stop()
-        summary = sampler.summary()
+        sampler.wait_idle(5)
         with tempfile.TemporaryDirectory() as tmp:
+            samples_file = os.path.join(tmp, "trace.stacks.msgpack")
+            t0, cpu0 = time.perf_counter(), time.thread_time()
+            dumped = sampler.dump(samples_file)
+            dump_s, dump_cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+
             path = os.path.join(tmp, "trace.json")
             event = json.dumps({"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1,
                                 "ts": 4524126168659.238, "dur": 12.5, "args": {"External id": 12, "Sequence number": 3}})
             count = (20 << 20) // (len(event) + 2)
+            base = 1790857026000000000
             with open(path, "w") as f:
                 f.write('{"schemaVersion": 1, "deviceProperties": [], '
-                        '"baseTimeNanoseconds": 1790857026000000000, "traceEvents": [\n')
+                        f'"baseTimeNanoseconds": {base}, "traceEvents": [\n')
                 f.write(",\n".join([event] * count))
                 f.write('\n], "traceName": "bench"}\n')
             size = os.path.getsize(path)
             t0 = time.perf_counter()
-            cpu0 = time.thread_time()
-            added = sampler.append_to_trace(path)
-            took = time.perf_counter() - t0
-            cpu = time.thread_time() - cpu0
-            grown = os.path.getsize(path) - size
+            samples = read(samples_file)
+            summary = sampled_stacks.summary(samples)
+            with open(path, "rb") as src, open(path + ".out", "wb") as dst:
+                added = copy_with_events(src, dst, sampled_stacks.iter_events(samples, base))
+            sidecar_s = time.perf_counter() - t0
+            grown = os.path.getsize(path + ".out") - size
     finally:
         sampler.close()
-    return {"trace_mb": round(size / 2**20, 1), "samples": summary["samples"], "events_added": added,
-            "bytes_added": grown, "estimated_bytes": summary["estimated_bytes"], "append_s": round(took, 3),
-            "append_cpu_s": round(cpu, 3)}
+    return {"trace_mb": round(size / 2**20, 1), "samples": summary["samples"], "samples_file_bytes": dumped,
+            "dump_s": round(dump_s, 4), "dump_cpu_s": round(dump_cpu, 4), "events_added": added,
+            "bytes_added": grown, "estimated_bytes": summary["estimated_bytes"], "sidecar_s": round(sidecar_s, 3)}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -255,7 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     costs.append(per_sample_cost(60, args.seconds, sleep_us, extra_threads=30, hz=hz))
     pure = slowdown(python_work, args.seconds, args.pairs, hz)
     mixed = slowdown(mixed_work, args.seconds, args.pairs, hz)
-    export = export_cost(args.seconds, hz)
+    handover = handover_cost(args.seconds, hz)
     results = {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -267,7 +285,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "cpu_share_depth60": costs[1]["cpu_share"],
         "slowdown_pure_python": pure,
         "slowdown_mixed": mixed,
-        "export": export,
+        "handover": handover,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
@@ -289,9 +307,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"(pairs {', '.join(f'{x:.3f}' for x in r['ratios'])}; best run vs best run "
               f"{r['ratio_of_minima']:.4f}); "
               f"{r['achieved_hz']:.0f} Hz achieved, {r['us_lost_per_sample']} µs lost per sample")
-    print(f"  append_to_trace: {export['events_added']} events ({export['bytes_added'] / 1024:.0f} KiB, "
-          f"estimated {export['estimated_bytes'] / 1024:.0f} KiB) into a {export['trace_mb']} MB trace in "
-          f"{export['append_s']} s ({export['append_cpu_s']} s CPU)")
+    print(f"  hand-over of {handover['samples']} samples: the probe's dump {handover['samples_file_bytes'] / 1024:.0f} KiB "
+          f"in {handover['dump_s'] * 1000:.1f} ms ({handover['dump_cpu_s'] * 1000:.1f} ms CPU) in the engine process; "
+          f"the sidecar's read, summary and {handover['events_added']} events "
+          f"({handover['bytes_added'] / 1024:.0f} KiB, estimated {handover['estimated_bytes'] / 1024:.0f} KiB) "
+          f"into a {handover['trace_mb']} MB trace {handover['sidecar_s']} s")
     print(f"  -> {args.out}")
     return 0
 

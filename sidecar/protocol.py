@@ -18,7 +18,7 @@ probe → sidecar
   proof      {proof}                               HMAC("probe", sidecar nonce, probe nonce)
   heartbeat  {steps, sync_watch?}                  working steps so far; the watch report when changed
   capture    {job_id, state, steps_recorded, steps_seen?, first_step?, file?, bytes, stacks,
-              stack_summary?, error?, stop_reason?}
+              stacks_file?, stack_summary?, error?, stop_reason?}
   sync       {job_id, state, steps_recorded, steps_seen?, first_step?, treat_cpu_as_device, sites?,
               error?, stop_reason?}
 sidecar → probe
@@ -32,7 +32,12 @@ sidecar → probe
 
 Job ids are unique across kinds (a scan's starts with ``s``), so ``begin`` and ``stop`` serve both.
 An id is never a path component such as ``..`` (``JobId``). A capture names no directory: each probe
-writes ``<its trace root>/captures/<job id>/raw/<process file stem>.json`` and reports that path.
+writes ``<its trace root>/captures/<job id>/raw/<process file stem>.json`` and reports that path;
+with sampled stacks, its raw samples beside it (``<stem>.stacks.msgpack``, sidecar/stack_samples.py).
+
+Version 5: a probe no longer adds its sampled stacks to its trace nor summarises them; it reports
+its samples file (``stacks_file``) and the sidecar does both. A version-4 sidecar would ignore that
+field and lose the stacks silently, hence the new version.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 PROBE_WS_PATH = "/probe/ws"
 # Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
 # version, a wrong proof); the close frame's reason says why.
@@ -178,7 +183,11 @@ class CaptureReport(_JobReport, tag="capture", kw_only=True):
     # event loop) so far; with "done", how long writing the file took on the probe's export thread.
     step_thread_ms: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     export_ms: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    # With "done" and sampled stacks: StackSampler.summary() (counts, achieved rate, top frames).
+    # With "done" and sampled stacks: the raw samples file beside ``file`` (sidecar/stack_samples.py),
+    # from which the sidecar builds the stacks' slices and summary.
+    stacks_file: Text | None = None
+    # With "done" and sampled stacks whose samples could not be saved: {"samples", "error"} (why the
+    # stacks are lost; the trace is not). The sidecar's summary of a samples file takes this place.
     stack_summary: dict[str, Any] | None = None
 
 

@@ -1,15 +1,24 @@
-"""Merging per-process Kineto traces into one timeline."""
+"""Merging per-process Kineto traces into one timeline, with the sampled Python stacks a probe left
+beside its trace (its raw samples file), which become slices in that process's events."""
 
 import gzip
 import importlib.util
 import json
+import os
 import sys
+import threading
+import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from sidecar.analysis import sampled_stacks
+from sidecar.service.kineto_file import copy_with_events
 from sidecar.service.merge import DEVICE_PID_BASE, finalize_capture
+from sidecar.stack_samples import RawSamples, Segment, check, encode, samples_path
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
@@ -27,6 +36,9 @@ class Rec:
     state: str = "done"
     raw_file: str | None = None
     step_driven: bool = True
+    stacks: str = "none"
+    stacks_file: str | None = None  # the probe's raw samples beside raw_file (sampled stacks)
+    stack_summary: dict[str, Any] | None = None
 
     @property
     def sort_key(self) -> tuple:  # as sidecar.protocol.ProcessIdentity.sort_key
@@ -212,3 +224,274 @@ def test_bench_merge_runs(tmp_path):
     assert _bench_merge().main(["--trace", str(path), "--repeats", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["identical"] and set(result["results"]["merge"]) == {"json.load", "streaming"}
+
+
+# -- sampled Python stacks ------------------------------------------------------------------------------
+MS = 1_000_000
+
+
+def samples_for(pid: int, wall_ns: int, stop_reason: str | None = None) -> RawSamples:
+    """Three samples 1 ms apart from Unix time ``wall_ns``: ``schedule`` inside ``step``, then ``step``."""
+    frames = [("[stack cut at 128 frames]", "", 0), ("step", "/app/core.py", 10), ("schedule", "/app/sched.py", 40)]
+    return RawSamples(
+        pid=pid, thread_id=1, native_id=pid, hz=1000.0, period_ns=MS, switch_interval_s=0.005, frames=frames,
+        cut_frame=0, stack_frames=array("i", [2, 1, 1]).tobytes(), stack_ends=array("i", [2, 3]).tobytes(),
+        times=array("q", [0, MS, 2 * MS]).tobytes(), stack_ids=array("i", [0, 0, 1]).tobytes(),
+        lines=array("i", [41, 42, 12]).tobytes(), waits=array("q", [0, 0, 0]).tobytes(),
+        segments=[Segment(0, 3, 0, 3 * MS, (0, wall_ns), (3 * MS, wall_ns + 3 * MS))],
+        stop_reason=stop_reason, active_ns=3 * MS, events=3, estimated_bytes=600)
+
+
+def write_samples(rec: Rec, data: bytes | RawSamples) -> Rec:
+    """A probe's samples file beside its raw trace."""
+    path = Path(samples_path(rec.raw_file))
+    path.write_bytes(encode(data) if isinstance(data, RawSamples) else data)
+    rec.stacks, rec.stacks_file = "sampled", str(path)
+    return rec
+
+
+def sampled(events: list[dict], pid: int) -> list[dict]:
+    return [e for e in events if e.get("pid") == pid and e.get("tid") == sampled_stacks.TRACK_TID_BASE + pid]
+
+
+def test_sampled_stacks_become_slices_of_their_process_on_its_clock(tmp_path):
+    base_core, base_worker = 4_999_999_000, 5_000_002_000
+    core = write_raw(tmp_path, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, base_core))
+    w0 = write_raw(tmp_path, Rec("worker", 101, 0, "worker rank 0 (pid 101)", "worker-rank0-pid101"), kineto(101, base_worker))
+    raw = samples_for(100, base_core + 105_000, stop_reason="max_events reached")  # 105 us after the core's base
+    write_samples(core, raw)
+    result = finalize_capture(tmp_path, [core, w0], max_bytes=1 << 30)
+    assert result.trace_file and not result.problems
+    expected = sampled_stacks.events(check(raw), base_core)
+    assert [e["name"] for e in expected if e["ph"] == "X"] == ["step (core.py:10)", "schedule (sched.py:40)"]
+
+    # The process's own file: the slices first in its traceEvents, as the probe used to put them.
+    own = json.load(gzip.open(tmp_path / result.processes["engine_core-pid100"].file))
+    assert own["traceEvents"][:len(expected)] == expected
+    assert own["traceEvents"][len(expected):] == kineto(100, base_core)["traceEvents"]
+    # The merged trace: the same slices, shifted with the rest of the process (its base is the earliest).
+    merged = json.load(gzip.open(tmp_path / result.trace_file))["traceEvents"]
+    mine = sampled(merged, 100)
+    assert [(e["name"], e["ts"]) for e in mine] == [(e["name"], e["ts"]) for e in expected]
+    step = next(e for e in mine if e["name"].startswith("step ("))
+    assert step["ts"] == 105.0 and step["args"] == {"file": "/app/core.py", "line": 10, "samples": 3, "depth": 0}
+    assert [e["name"] for e in mine if e["ph"] == "i"] == ["stack sampler stopped: max_events reached"]
+    assert not sampled(merged, 101)
+
+    # The summary is the sidecar's now: in the outcome, the analysis' python_stacks and headline.
+    summary = result.processes["engine_core-pid100"].stack_summary
+    assert summary == sampled_stacks.summary(check(raw))
+    assert summary["top_self"][0]["function"] == "schedule" and summary["stop_reason"] == "max_events reached"
+    assert result.processes["worker-rank0-pid101"].stack_summary is None
+    analysed = json.loads((tmp_path / result.summary_file).read_text())
+    assert analysed["python_stacks"]["engine core (pid 100)"]["top_self"][0]["function"] == "schedule"
+    assert "python: engine core (pid 100)" in result.headline
+    assert not (tmp_path / "raw").exists(), "the samples file goes with the raw folder"
+
+
+@pytest.mark.parametrize("damage, why", [
+    (b"\x00garbage", "unreadable"),
+    (encode(samples_for(100, 5_000_000_000))[:-5], "unreadable"),
+    (None, "missing"),
+])
+def test_a_corrupt_or_missing_samples_file_loses_the_stacks_not_the_trace(tmp_path, damage, why):
+    core = write_raw(tmp_path, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, 5_000_000_000))
+    write_samples(core, damage or b"")
+    if damage is None:
+        os.unlink(core.stacks_file)
+    result = finalize_capture(tmp_path, [core], max_bytes=1 << 30)
+    outcome = result.processes["engine_core-pid100"]
+    assert outcome.error is None and outcome.file and result.trace_file and not result.problems
+    assert outcome.stack_summary["samples"] == 0
+    assert outcome.stack_summary["error"].startswith("python stacks lost: samples file " + why)
+    merged = json.load(gzip.open(tmp_path / result.trace_file))["traceEvents"]
+    assert not sampled(merged, 100) and any(e.get("name") == "ProfilerStep#0" for e in merged)
+    analysed = json.loads((tmp_path / result.summary_file).read_text())
+    assert why in analysed["python_stacks"]["engine core (pid 100)"]["error"]
+    assert not (tmp_path / "raw").exists()
+
+
+def test_stacks_that_cannot_go_into_the_trace_leave_it_without_them(tmp_path, monkeypatch):
+    def broken(*_args, **_kwargs):
+        yield {"ph": "M", "name": "thread_name"}
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(sampled_stacks, "iter_events", broken)
+    core = write_raw(tmp_path, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, 1))
+    write_samples(core, samples_for(100, 1))
+    result = finalize_capture(tmp_path, [core], max_bytes=1 << 30)
+    outcome = result.processes["engine_core-pid100"]
+    assert outcome.error is None and result.trace_file
+    assert json.load(gzip.open(tmp_path / outcome.file)) == kineto(100, 1)
+    assert outcome.stack_summary["samples"] == 3, "the summary is still the samples'"
+    assert outcome.stack_summary["error"] == "python stacks not added to the trace: a bug"
+    merged = json.load(gzip.open(tmp_path / result.trace_file))["traceEvents"]
+    assert not [e for e in merged if e.get("name") == "thread_name"]
+
+
+def test_a_samples_file_outside_the_capture_is_neither_read_nor_deleted(tmp_path):
+    cap = tmp_path / "cap"
+    core = write_raw(cap, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, 1))
+    outside = tmp_path / "elsewhere.stacks.msgpack"
+    outside.write_bytes(encode(samples_for(100, 1)))
+    core.stacks, core.stacks_file = "sampled", str(outside)
+    result = finalize_capture(cap, [core], max_bytes=1 << 30)
+    assert "outside" in result.processes["engine_core-pid100"].stack_summary["error"]
+    assert result.trace_file and outside.exists()
+
+
+def test_the_slices_count_against_the_capture_size_limit(tmp_path):
+    core = write_raw(tmp_path, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, 1))
+    write_samples(core, samples_for(100, 1))
+    limit = Path(core.raw_file).stat().st_size + 100  # the trace fits; with its 600 estimated bytes of slices it does not
+    result = finalize_capture(tmp_path, [core], max_bytes=limit)
+    assert "size limit" in result.processes["engine_core-pid100"].error
+    assert not (tmp_path / "raw").exists()
+
+
+def test_sampled_stacks_in_a_real_export_are_read_by_the_analyser_and_the_merge(tmp_path):
+    """A real torch.profiler export and a real sampler: the process's file, as the sidecar writes it,
+    is a trace the analyser reads with the slices as Python frames nested as sampled."""
+    torch = pytest.importorskip("torch")
+    import torch.profiler as tp
+
+    from sidecar.analysis import analyze_path
+    from sidecar.analysis.events import Kind
+    from sidecar.analysis.nesting import build_tree
+    from sidecar.analysis.summary import load
+    from sidecar.probe.stack_sampler import StackSampler
+
+    def planted_slow(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    x = torch.ones(32, 32)
+    sampler = StackSampler(threading.get_ident())
+    try:
+        prof = tp.profile(activities=[tp.ProfilerActivity.CPU], schedule=lambda _s: tp.ProfilerAction.RECORD)
+        prof.start()
+        sampler.start()
+        for _ in range(3):
+            torch.mm(x, x)
+            planted_slow(0.02)
+            time.sleep(0.01)
+            prof.step()
+        sampler.stop()
+        prof.stop()
+        pid = os.getpid()
+        rec = Rec("engine_core", pid, None, f"engine core (pid {pid})", f"engine_core-pid{pid}")
+        raw = tmp_path / "raw"
+        raw.mkdir()
+        rec.raw_file = str(raw / f"{rec.stem}.json")
+        prof.export_chrome_trace(rec.raw_file)
+        sampler.dump(samples_path(rec.raw_file))
+        rec.stacks, rec.stacks_file = "sampled", samples_path(rec.raw_file)
+    finally:
+        sampler.close()
+    before = json.load(open(rec.raw_file))
+    result = finalize_capture(tmp_path, [rec], max_bytes=1 << 30)
+    own = tmp_path / result.processes[rec.stem].file
+    after = json.load(gzip.open(own))
+    tid = sampled_stacks.TRACK_TID_BASE + threading.get_native_id()
+    mine = [e for e in after["traceEvents"] if e.get("tid") == tid]
+    added = len(after["traceEvents"]) - len(before["traceEvents"])
+    assert added == len(mine) > 5
+    assert {k: v for k, v in after.items() if k != "traceEvents"} == {k: v for k, v in before.items() if k != "traceEvents"}
+
+    summary = analyze_path(own)
+    assert not [w for w in summary["warnings"] if "skipped" in w or "ignored" in w], summary["warnings"]
+    assert summary["source"]["files"][0]["events"] == len(after["traceEvents"])
+    assert summary["steps"], "ProfilerStep ranges still found"
+    data = load(own)
+    track = data.threads[(pid, tid)]
+    assert len(track.ts) == len([e for e in mine if e["ph"] == "X"])
+    assert (track.kind == Kind.PYTHON).all()
+    # The analyser's own nesting puts every slice under the slice one level up.
+    depth = {i: e["args"]["depth"] for i, e in enumerate(e for e in mine if e["ph"] == "X")}
+    parent = build_tree(track).parent
+    for i, p in enumerate(parent.tolist()):
+        assert (p == -1) == (depth[i] == 0) and (p == -1 or depth[p] == depth[i] - 1)
+    names = {data.names[n] for n in track.name.tolist()}
+    assert any("planted_slow (test_merge.py:" in n for n in names)
+    # The merged trace keeps the track under the process (same pid).
+    merged = json.load(gzip.open(tmp_path / result.trace_file))["traceEvents"]
+    assert len([e for e in merged if e.get("tid") == tid and e.get("pid") == pid]) == added
+    assert result.processes[rec.stem].stack_summary["samples"] > 0
+
+
+# -- copying a Kineto file with events first -------------------------------------------------------------
+def kineto_like(events: list, base_first: bool = True, base: int = 5_000_000_000) -> str:
+    members = ['"schemaVersion": 1', '"deviceProperties": [{"name": "traceEvents [not this]"}]']
+    if base_first:
+        members.append(f'"baseTimeNanoseconds": {base}')
+    members.append('"traceEvents": [' + ",\n".join(json.dumps(e) for e in events) + "]")
+    if not base_first:
+        members.append(f'"baseTimeNanoseconds": {base}')
+    members.append('"traceName": "t.json"')
+    return "{\n  " + ",\n  ".join(members) + "\n}\n"
+
+
+NEW = [{"ph": "X", "cat": "python_function", "name": f"f{i} (x.py:1)", "pid": 1, "tid": 7, "ts": 2.0 + i, "dur": 0.5,
+        "args": {"file": "x.py", "line": 1, "samples": 1, "depth": 0}} for i in range(3)]
+
+
+@pytest.mark.parametrize("base_first", [True, False])
+@pytest.mark.parametrize("existing", [0, 3])
+def test_copy_with_events_handles_both_kineto_layouts_and_an_empty_event_list(tmp_path, base_first, existing):
+    from sidecar.analysis import analyze_path
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 1.0 + i, "dur": 0.5}
+              for i in range(existing)]
+    src = tmp_path / "t.json"
+    src.write_text(kineto_like(events, base_first))
+    dst = tmp_path / "out.json"
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        assert copy_with_events(f, out, iter(NEW)) == len(NEW)
+    trace = json.load(open(dst))
+    assert trace["traceEvents"] == NEW + events
+    assert trace["deviceProperties"] == [{"name": "traceEvents [not this]"}] and trace["baseTimeNanoseconds"] == 5_000_000_000
+    analyze_path(dst)  # readable by the analyser
+
+
+def test_copy_with_events_refuses_what_is_not_a_kineto_object_and_writes_nothing(tmp_path):
+    for text in ('[{"ph": "X", "ts": 1}]', '{"schemaVersion": 1}', '{"traceEvents": {}}', "not json"):
+        src = tmp_path / "bad.json"
+        src.write_text(text)
+        dst = tmp_path / "out.json"
+        with open(src, "rb") as f, open(dst, "wb") as out:
+            with pytest.raises(ValueError):
+                copy_with_events(f, out, NEW)
+        assert dst.read_bytes() == b""
+
+
+def test_copy_without_events_is_a_plain_copy(tmp_path):
+    src = tmp_path / "t.json"
+    src.write_text(kineto_like([]))
+    dst = tmp_path / "out.json"
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        assert copy_with_events(f, out, ()) == 0
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def test_copy_with_events_copies_a_large_trace_in_bounded_memory(tmp_path):
+    import tracemalloc
+
+    src = tmp_path / "big.json"
+    event = json.dumps({"ph": "X", "cat": "cpu_op", "name": "aten::x" * 4, "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0})
+    with open(src, "w") as f:
+        f.write('{"schemaVersion": 1, "baseTimeNanoseconds": 0, "traceEvents": [\n')
+        f.write(",\n".join([event] * 120_000))
+        f.write('\n], "traceName": "big"}\n')
+    assert src.stat().st_size > 10 << 20
+    dst = tmp_path / "out.json"
+    tracemalloc.start()
+    try:
+        with open(src, "rb") as f, open(dst, "wb") as out:
+            copy_with_events(f, out, NEW)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak  # the 1 MiB copy buffer and the head, not the file
+    with open(dst, "rb") as f:
+        assert json.loads(f.read())["traceName"] == "big"

@@ -1,9 +1,10 @@
 """The capture summary's ``python_stacks`` section: per process, what its stack sampler saw.
 
-Each probe that sampled Python stacks (sidecar/probe/stack_sampler.py) reports its sampler's summary
-with its ``done``; the sidecar puts them here, keyed by process label, and the headline names the
-line that took the largest share of a step thread's sampled time. The summary's rows are ranked by
-sampled time, not by sample count (``StackSampler.summary``), so "41 %" is a share of time.
+Each probe that sampled Python stacks (sidecar/probe/stack_sampler.py) leaves its raw samples beside
+its trace; the sidecar's export summarises them (``sampled_stacks.summary``) and puts the summaries
+here, keyed by process label, and the headline names the line that took the largest share of a
+step thread's sampled time. The summary's rows are ranked by sampled time, not by sample count, so
+"41 %" is a share of time.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-# What a process entry keeps of the sampler's summary (the rest is in the probe's report).
+# What a process entry keeps of a process's stack summary (the rest is in the capture's JSON).
 _KEPT = ("samples", "achieved_hz", "target_hz", "sampled_s", "sampler_cpu_s", "stop_reason", "error",
          "top_self", "top_total")
 

@@ -5,7 +5,8 @@
 * duration: a window that has recorded for ``max_capture_s`` closes at the next step boundary (the
   API server's window: on its event loop) and reports a ``stop_reason`` naming the limit;
 * bytes: an exported trace file over ``max_trace_mb`` is deleted and the process reports failed,
-  naming the limit.
+  naming the limit; sampled stacks' raw samples file counts with it: when the two are over the
+  limit together, the samples file is deleted and the stacks are lost, never the trace.
 
 Read once per probe from the engine's environment; a bad value is logged as an error naming the
 variable and the default is used (``config.env_number``).
@@ -53,3 +54,10 @@ class ProbeLimits:
             return None
         return (f"trace of {size / 2**20:.1f} MiB over this process's limit "
                 f"{config.ENV_PROBE_MAX_TRACE_MB}={self.max_trace_mb:g} MiB: deleted")
+
+    def samples_problem(self, trace_size: int, samples_size: int) -> str | None:
+        """Why a samples file of ``samples_size`` bytes beside a trace of ``trace_size`` is not kept."""
+        if trace_size + samples_size <= self.max_trace_bytes:
+            return None
+        return (f"samples file of {samples_size / 2**20:.1f} MiB beside a trace of {trace_size / 2**20:.1f} MiB "
+                f"over this process's limit {config.ENV_PROBE_MAX_TRACE_MB}={self.max_trace_mb:g} MiB: deleted")

@@ -24,7 +24,11 @@ the one the probe chose at ``arm`` when the export writes it (sidecar/probe/trac
 Python stacks (``spec.stacks``): "sampled" gives the capture a ``StackSampler`` (stack_sampler.py),
 built at ``arm`` on the link thread. It starts right after the profiler and stops right before it,
 so its samples cover exactly the recorded steps; on the step thread each costs a flag and a clock
-read. The export thread adds the samples to the exported file and reports the sampler's summary.
+read. After the trace, the export thread dumps the raw samples beside it
+(``<stem>.stacks.msgpack``, sidecar/stack_samples.py: buffer copies and one msgpack encoding) and
+reports that file; the sidecar builds the slices and the summary from it, outside this process. The
+samples file gets the trace's checks (the folder chosen at ``arm``, the byte limit, a full disk): a
+failure there loses the stacks, never the trace, and the report's ``stack_summary`` says why.
 "traced" is torch.profiler's own ``with_stack``, which the probe passes only in a role that allows
 it (``Role.traced_stacks``): the probe decides, per process, which of the two a capture gets
 (``stack_mode``), and the report says which it was.
@@ -34,6 +38,7 @@ Reports go out as ``CaptureReport`` structs (sidecar.protocol).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -43,10 +48,11 @@ from typing import Any, Callable
 
 from ..engine import Role
 from ..protocol import P_CAPTURING, P_DONE, P_EXPORTING, CaptureReport, CaptureSpec
+from ..stack_samples import samples_path
 from ..step_window import FINISHED, RECORDING, StepWindow
 from .limits import ProbeLimits
 from .stack_sampler import StackSampler
-from .trace_root import discard, export_problem
+from .trace_root import NO_SPACE, discard, export_problem
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +68,9 @@ def stack_mode(spec: CaptureSpec, role: Role) -> str:
 
 
 def make_sampler(spec: CaptureSpec, limits: ProbeLimits | None) -> StackSampler:
-    """The sampler of one capture, bounded by the probe's byte limit: the samples may take at most a
-    quarter of what the whole trace may (``StackSampler`` counts its bytes while it samples)."""
+    """The sampler of one capture, bounded by the probe's byte limit: the slices built from its
+    samples may take at most a quarter of what the whole trace may (``StackSampler`` counts their
+    estimated bytes while it samples)."""
     bounds = {} if limits is None else {"max_bytes": max(1, min(limits.max_trace_bytes // 4, 32 << 20))}
     return StackSampler(hz=spec.stack_hz, name=f"inference-sidecar-stacks-{spec.id}", **bounds)
 
@@ -187,8 +194,6 @@ class StepCapture(StepWindow):
             if os.path.realpath(folder) != self._trace_dir:
                 raise OSError(f"{folder} no longer resolves to {self._trace_dir}")
             prof.export_chrome_trace(self.trace_path)
-            del prof  # its events are in the file; free them before the samples are built
-            stack_summary = self._add_samples()
             # Kineto's writer does not raise on a full disk: an empty or cut-short file is checked here.
             problem = export_problem(None, self.trace_path)
             size = os.path.getsize(self.trace_path) if problem is None else 0
@@ -205,23 +210,38 @@ class StepCapture(StepWindow):
             log.warning("inference-sidecar: capture %s: %s", self.spec.id, problem)
             self._fail(problem)
             return
-        self._report_state(P_DONE, file=self.trace_path, bytes=size, stack_summary=stack_summary,
-                           export_ms=round((perf_counter_ns() - began) / 1e6, 3))
+        prof = None  # its events are in the file
+        stacks_file, stack_summary = self._dump_samples(size)
+        self._report_state(P_DONE, file=self.trace_path, bytes=size, stacks_file=stacks_file,
+                           stack_summary=stack_summary, export_ms=round((perf_counter_ns() - began) / 1e6, 3))
 
-    def _add_samples(self) -> dict[str, Any] | None:
-        """The sampled stacks into the exported file; the sampler's summary (export thread). A
-        failure here loses the stacks, never the trace: the summary says what went wrong."""
+    def _dump_samples(self, trace_size: int) -> tuple[str | None, dict[str, Any] | None]:
+        """The sampled stacks' raw samples beside the trace (export thread): (their file, None), or
+        (None, a summary saying why they are lost). The trace is never touched here."""
         sampler, self._sampler = self._sampler, None
         if sampler is None:
-            return None
+            return None, None
+        path = samples_path(self.trace_path)
+        in_place = False
         try:
-            sampler.append_to_trace(self.trace_path)
-            return sampler.summary(top=10)
-        except (OSError, ValueError) as exc:
-            log.warning("inference-sidecar: capture %s: stacks not added: %s", self.spec.id, exc)
-            return {"samples": 0, "error": f"stacks not added to the trace: {exc}"[:500]}
+            in_place = os.path.realpath(os.path.dirname(path)) == self._trace_dir  # never through a swapped link
+            if not in_place:
+                raise OSError(f"{os.path.dirname(path)} no longer resolves to {self._trace_dir}")
+            size = sampler.dump(path)
+            problem = self._limits.samples_problem(trace_size, size) if self._limits is not None else None
+        except Exception as exc:
+            problem = _samples_problem(exc, path)
         finally:
             sampler.close()
+        if problem is None:
+            return path, None
+        if in_place:  # a file cut short keeps its space: deleted
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        log.warning("inference-sidecar: capture %s: python stacks lost: %s", self.spec.id, problem)
+        return None, {"samples": sampler.samples, "error": f"python stacks not saved: {problem}"[:500]}
 
     def _report_state(self, state: str, **fields: Any) -> None:
         self._report(CaptureReport(
@@ -261,3 +281,12 @@ class WindowCapture(StepCapture):
             self._stop_reason = reason
         self._loop.call_soon_threadsafe(self._close)
         return False
+
+
+def _samples_problem(error: BaseException, path: str) -> str:
+    """Why writing the samples file failed, naming a full disk."""
+    if not isinstance(error, OSError):
+        return f"{type(error).__name__}: {error}"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{NO_SPACE} ({os.path.dirname(path)})"
+    return str(error)

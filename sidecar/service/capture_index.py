@@ -4,7 +4,8 @@ Each finished capture's folder holds its ``capture.json`` (``GET /profile/{id}``
 back, it becomes a ``Capture`` again, so a restarted sidecar lists it, serves its files and counts it
 for retention. A folder without a readable, final ``capture.json`` is a capture the sidecar was
 killed in (or a disk that filled while it was saved): it is ``failed`` with ``INTERRUPTED``, its
-leftovers (raw JSON, partial gzip, temporary files) are deleted and its capture.json rewritten.
+leftovers (the raw folder with its traces and stack samples, partial gzip, temporary files) are
+deleted and its capture.json rewritten.
 """
 
 from __future__ import annotations

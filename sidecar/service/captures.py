@@ -4,9 +4,10 @@ What is a capture's own, on top of the shared life cycle (job_manager.py): its d
 (``<trace-dir>/captures/<id>/``; each probe writes its raw trace under its own trace root, in
 ``<root>/captures/<id>/raw/``, and reports the path), the stop of the API server's window once the
 step-driven processes have finished, the compression, merge and analysis on the export executor
-(merge.py, which takes the raw files and removes them), and ``capture.json`` beside the files. A
-capture its user stopped before any engine step is ``cancelled``: nothing is merged, and the API
-server's raw file is deleted.
+(merge.py, which takes the raw files and removes them; a probe that sampled Python stacks left its
+samples beside its trace, and their slices and summary are built there too), and ``capture.json``
+beside the files. A capture its user stopped before any engine step is ``cancelled``: nothing is
+merged, and the API server's raw files are deleted.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class CaptureProcess(ProcessRun):
     file: str | None = None  # the compressed per-process trace, after it
     bytes: int = 0
     stacks: str = "none"  # the Python stacks this process recorded: none, sampled or traced
-    stack_summary: dict[str, Any] | None = None  # the probe's sampler summary (sampled stacks)
+    stacks_file: str | None = None  # sampled stacks: the probe's raw samples beside raw_file, until the export
+    stack_summary: dict[str, Any] | None = None  # sampled stacks: their summary, built at the export
     step_thread_ms: float = 0.0  # the profiler's calls on the engine's step thread, as the probe measured
     export_ms: float | None = None  # writing its trace file, on the probe's export thread
 
@@ -129,11 +131,19 @@ class CaptureManager(JobManager[Capture]):
 
     def _take_result(self, capture: Capture, rec: CaptureProcess, report: CaptureReport) -> None:
         rec.raw_file, rec.bytes = report.file or "", report.bytes
-        rec.stacks, rec.stack_summary = report.stacks, report.stack_summary
+        rec.stacks, rec.stacks_file = report.stacks, report.stacks_file
         rec.step_thread_ms, rec.export_ms = report.step_thread_ms, report.export_ms
-        cut_short = (report.stack_summary or {}).get("stop_reason")
+        if report.stack_summary is not None:  # the probe's own word: its samples were not saved
+            self._take_stack_summary(capture, rec, report.stack_summary)
+
+    @staticmethod
+    def _take_stack_summary(capture: Capture, rec: CaptureProcess, summary: dict[str, Any]) -> None:
+        rec.stack_summary = summary
+        cut_short = summary.get("stop_reason")
         if cut_short:  # the sampler's own bound ended it before the steps did
             capture.notes.append(f"{rec.label}: python stacks stopped early ({cut_short}); the steps were recorded")
+        if summary.get("error"):
+            capture.notes.append(f"{rec.label}: {summary['error']}; the trace was kept")
 
     async def _on_progress(self, capture: Capture) -> None:
         # The API server records a time window, not steps: it ends when the step-driven processes have.
@@ -160,9 +170,10 @@ class CaptureManager(JobManager[Capture]):
         # deleted unmerged. A few unlinks, done here: the export executor may be busy merging an
         # earlier capture, and the stop's answer waits for this one's end.
         raws = [merge.raw_trace_path(capture.dir, p.raw_file) for p in capture.processes if p.raw_file]
+        raws += [merge.raw_samples_path(capture.dir, p.stacks_file) for p in capture.processes if p.stacks_file]
         merge.remove_raw(capture.dir, [raw for raw in raws if raw is not None])
         for rec in capture.processes:
-            rec.raw_file, rec.bytes = None, 0
+            rec.raw_file, rec.stacks_file, rec.bytes = None, None, 0
         await super()._cancel(capture)
 
     async def _export(self, capture: Capture) -> None:
@@ -177,6 +188,8 @@ class CaptureManager(JobManager[Capture]):
             outcome = result.processes.get(rec.stem)
             if outcome is not None:
                 rec.file, rec.bytes = outcome.file, outcome.bytes
+                if outcome.stack_summary is not None:
+                    self._take_stack_summary(capture, rec, outcome.stack_summary)
                 if outcome.error and rec.state == P_DONE:  # its file was unusable or over the size limit
                     capture.move(rec, P_FAILED, outcome.error)
         capture.trace_file, capture.trace_bytes = result.trace_file, result.trace_bytes

@@ -9,6 +9,11 @@ which every process has a clear name and all of them share one timeline:
 - device tracks (GPU kernels) use the device index as ``pid``, which would collide between ranks:
   they get a pid of their own, named after the owning process.
 - flow ids (CPU launch → GPU kernel arrows) are made unique per process.
+- a process that sampled Python stacks left its samples beside its trace, unprocessed
+  (sidecar/stack_samples.py): here they become that process's flame-chart slices, inserted first in
+  its events (``kineto_file.copy_with_events`` while its file is compressed, and into the merged
+  stream), and its ``stack_summary`` (sidecar/analysis/sampled_stacks.py). A samples file that is
+  missing or unreadable loses the stacks, never the trace: the process's summary says why.
 
 Memory does not grow with the trace: each raw file is streamed twice with the analyser's reader
 (``sidecar.analysis.stream``), never loaded whole. The first pass checks the JSON without building
@@ -26,15 +31,19 @@ import os
 import shutil
 import threading
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterable, Iterator
 
 import msgspec
 
+from .. import stack_samples
+from ..analysis import python_stacks, sampled_stacks
 from ..analysis.errors import TraceFormatError
 from ..analysis.stream import TopLevel, read_events
 from ..protocol import P_DONE
-from . import disk_space
+from . import disk_space, kineto_file
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,7 @@ class ProcessOutcome:
     file: str | None = None
     bytes: int = 0
     error: str | None = None
+    stack_summary: dict[str, Any] | None = None  # from its samples file (sampled stacks)
 
 
 @dataclass
@@ -74,10 +84,15 @@ class RawTrace:
     rec: Any  # the capture's process record: label, role, pid, rank, step_driven, sort_key
     path: Path
     members: dict[str, Any]
+    stacks: stack_samples.Samples | None = None  # its sampled Python stacks, added to its events
 
     @property
     def base_ns(self) -> int:
         return int(self.members.get("baseTimeNanoseconds") or 0)
+
+    def sampled_events(self) -> Iterator[dict]:
+        """The sampled stacks' events on this file's clock (none without sampled stacks)."""
+        return sampled_stacks.iter_events(self.stacks, self.base_ns) if self.stacks is not None else iter(())
 
 
 def lower_priority() -> None:
@@ -109,9 +124,36 @@ def raw_trace_path(capture_dir: Path, raw_file: str) -> Path | None:
     return raw if raw.is_file() else None
 
 
+def raw_samples_path(capture_dir: Path, samples_file: str) -> Path | None:
+    """The raw samples file a probe reported, resolved, if it is one of this capture's: a
+    ``.stacks.msgpack`` file in a folder ``raw`` of a folder named after the capture, as its raw
+    trace. None for any other path (never read nor deleted), or when there is no such file."""
+    path = Path(samples_file).resolve()
+    if (not path.name.endswith(stack_samples.SUFFIX) or path.parent.name != RAW_DIR
+            or path.parent.parent.name != capture_dir.name):
+        return None
+    return path if path.is_file() else None
+
+
+def load_samples(capture_dir: Path, samples_file: str | None) -> tuple[stack_samples.Samples | None, str | None]:
+    """(the samples, None) or (None, why they are lost) for a process's reported samples file."""
+    if not samples_file:
+        return None, None
+    path = raw_samples_path(capture_dir, samples_file)
+    if path is None:
+        return None, "python stacks lost: samples file missing or outside the capture's raw folder"
+    try:
+        return stack_samples.read(path), None
+    except OSError as exc:
+        return None, f"python stacks lost: samples file unreadable: {disk_space.describe(exc)}"
+    except ValueError as exc:
+        return None, f"python stacks lost: samples file unreadable: {exc}"
+
+
 def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) -> FinalizeResult:
-    """Compress, merge and analyse the raw traces of the finished processes in ``records``; then
-    delete them and the folders they leave empty."""
+    """Compress, merge and analyse the raw traces of the finished processes in ``records``, with
+    their sampled stacks (``stacks_file``, when a record has one); then delete them and the folders
+    they leave empty."""
     records = list(records)
     result = FinalizeResult()
     taken: list[Path] = []  # this capture's raw files: deleted at the end, whatever happens
@@ -122,6 +164,10 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
     for rec in sorted(records, key=lambda r: (r.rank is None, r.sort_key)):
         if rec.state != P_DONE or not rec.raw_file:
             continue
+        samples_file = getattr(rec, "stacks_file", None)
+        samples_path = raw_samples_path(capture_dir, samples_file) if samples_file else None
+        if samples_path is not None:
+            taken.append(samples_path)
         raw = raw_trace_path(capture_dir, rec.raw_file)
         if raw is None:
             result.processes[rec.stem] = ProcessOutcome(error="trace file missing or outside the capture's raw folder")
@@ -131,17 +177,19 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
         if size == 0:  # a probe's export that wrote nothing: say so, not "Expecting value"
             result.processes[rec.stem] = ProcessOutcome(error=_unreadable("empty trace file (0 bytes)", raw))
             continue
+        stacks, stacks_error = load_samples(capture_dir, samples_file)
+        size += stacks.raw.estimated_bytes if stacks is not None else 0  # the slices it adds
         if total + size > max_bytes:
             result.processes[rec.stem] = ProcessOutcome(error=f"dropped: capture size limit of {max_bytes // 2**20} MiB reached")
             result.problems.append(f"size limit of {max_bytes // 2**20} MiB reached")
             continue
         total += size
-        kept.append((rec, raw))
+        kept.append((rec, raw, stacks, stacks_error))
 
     kept.sort(key=lambda item: item[0].sort_key)
     traces: list[RawTrace] = []
     try:
-        for rec, raw in kept:
+        for rec, raw, stacks, stacks_error in kept:
             try:
                 trace = check_trace(rec, raw)
             except TraceFormatError as exc:
@@ -151,12 +199,14 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
                 result.processes[rec.stem] = ProcessOutcome(error=_unreadable(disk_space.describe(exc), raw))
                 continue
             gz_name = rec.stem + PROCESS_TRACE_SUFFIX
+            trace.stacks = stacks
             try:
-                _compress(raw, capture_dir / gz_name)
+                stacks_error = _compress_with_stacks(trace, capture_dir / gz_name) or stacks_error
             except OSError as exc:
                 result.processes[rec.stem] = ProcessOutcome(error=f"compression failed: {disk_space.describe(exc)}")
                 continue
-            result.processes[rec.stem] = ProcessOutcome(file=gz_name, bytes=(capture_dir / gz_name).stat().st_size)
+            result.processes[rec.stem] = ProcessOutcome(file=gz_name, bytes=(capture_dir / gz_name).stat().st_size,
+                                                        stack_summary=_stack_summary(stacks, stacks_error))
             traces.append(trace)
         if traces:
             merged = capture_dir / MERGED_NAME
@@ -168,8 +218,23 @@ def finalize_capture(capture_dir: Path, records: Iterable[Any], max_bytes: int) 
     finally:
         remove_raw(capture_dir, taken)
     if result.trace_file:
-        result.summary_file, result.headline = _analyse(capture_dir, capture_dir / MERGED_NAME, records)
+        summaries = {stem: o.stack_summary for stem, o in result.processes.items() if o.stack_summary is not None}
+        result.summary_file, result.headline = _analyse(capture_dir, capture_dir / MERGED_NAME, records, summaries)
     return result
+
+
+def _stack_summary(stacks: stack_samples.Samples | None, error: str | None) -> dict[str, Any] | None:
+    """A process's ``stack_summary``: its samples' summary, or what happened to them."""
+    summary: dict[str, Any] | None = None
+    if stacks is not None:
+        try:
+            summary = sampled_stacks.summary(stacks)
+        except Exception as exc:  # a bug here must not cost the capture
+            log.exception("summary of sampled stacks failed")
+            error = f"python stacks summary failed: {exc}"
+    if error is None:
+        return summary
+    return {**(summary or {"samples": 0}), "error": error[:500]}
 
 
 def _unreadable(problem: str, raw: Path) -> str:
@@ -181,11 +246,29 @@ def _unreadable(problem: str, raw: Path) -> str:
     return f"unreadable trace: {problem}"
 
 
-def _compress(raw: Path, target: Path) -> None:
-    """gzip ``raw`` into ``target``; on failure no partial ``target`` stays (the files are closed first)."""
+def _compress_with_stacks(trace: RawTrace, target: Path) -> str | None:
+    """``_compress`` with the trace's sampled stacks. When they cannot go in (anything but an I/O
+    error), the trace is compressed without them and dropped from the merge; returns why."""
+    try:
+        _compress(trace.path, target, trace.sampled_events())
+        return None
+    except OSError:
+        raise
+    except Exception as exc:
+        if trace.stacks is None:
+            raise
+        log.warning("%s: sampled stacks not added: %s", trace.path, exc)
+        trace.stacks = None
+        _compress(trace.path, target)
+        return f"python stacks not added to the trace: {exc}"
+
+
+def _compress(raw: Path, target: Path, events: Iterable[dict] = ()) -> None:
+    """gzip ``raw`` into ``target``, with ``events`` first in its ``traceEvents``; on failure no
+    partial ``target`` stays (the files are closed first)."""
     try:
         with raw.open("rb") as src, gzip.open(target, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+            kineto_file.copy_with_events(src, dst, events, str(raw))
     except BaseException:
         disk_space.unlink_quietly(target)
         raise
@@ -237,13 +320,19 @@ def _write_merged(tmp: Path, traces: list[RawTrace], ref: int) -> None:
         out.write(json.dumps(header)[:-1] + ', "traceEvents": [\n')
         first = True
         for index, trace in enumerate(traces):
-            batches = read_events(str(trace.path), TopLevel(), Any, keep=frozenset())
+            batches = chain(_batched(trace.sampled_events()),
+                            read_events(str(trace.path), TopLevel(), Any, keep=frozenset()))
             for event in _process_events(index, trace.rec, batches, (trace.base_ns - ref) / 1000.0):
                 if not first:
                     out.write(",\n")
                 out.write(json.dumps(event, separators=(",", ":")))
                 first = False
         out.write("\n]}\n")
+
+
+def _batched(events: Iterator[dict], size: int = 2048) -> Iterator[list[dict]]:
+    while batch := list(islice(events, size)):
+        yield batch
 
 
 def sort_index(rec: Any) -> int:
@@ -290,11 +379,13 @@ def _meta(name: str, pid: Any, args: dict) -> dict:
     return {"ph": "M", "name": name, "pid": pid, "tid": 0, "ts": 0, "args": args}
 
 
-def _analyse(capture_dir: Path, merged: Path, records: Iterable[Any] = ()) -> tuple[str | None, str | None]:
+def _analyse(capture_dir: Path, merged: Path, records: Iterable[Any] = (),
+             stack_summaries: dict[str, dict] | None = None) -> tuple[str | None, str | None]:
     """Analysis is a bonus on top of the trace: its failure is reported in the headline only. The
-    probes' sampled Python stacks go into the summary's ``python_stacks`` and the headline."""
+    sampled Python stacks go into the summary's ``python_stacks`` and the headline: each process's
+    ``stack_summary``, or the one built here from its samples (``stack_summaries``, by stem)."""
     try:
-        from ..analysis import analyze_path, python_stacks
+        from ..analysis import analyze_path
     except ImportError:
         return None, None
     try:
@@ -302,7 +393,10 @@ def _analyse(capture_dir: Path, merged: Path, records: Iterable[Any] = ()) -> tu
     except Exception as exc:  # analysis is a bonus: the trace is still there
         log.warning("analysis of %s failed: %s", merged, exc)
         return None, f"analysis failed: {exc}"
-    stacks = python_stacks.section(records)
+    built = stack_summaries or {}
+    stacks = python_stacks.section(
+        SimpleNamespace(label=r.label, stacks=getattr(r, "stacks", "none"),
+                        stack_summary=built.get(r.stem, getattr(r, "stack_summary", None))) for r in records)
     if stacks:
         summary["python_stacks"] = stacks
         extra = python_stacks.headline(stacks)

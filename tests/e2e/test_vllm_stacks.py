@@ -57,10 +57,15 @@ def test_sampled_stacks_from_the_engine_core_and_the_worker(vllm_stack, backgrou
         assert any("/vllm/" in f for f in files), sorted(files)[:20]
     core_files = {e["args"]["file"] for e in slices[by_role["engine_core"]["pid"]]}
     assert any(f.endswith("vllm/v1/engine/core.py") for f in core_files)
-    # The summary names the hottest line, and the headline says it.
+    # The summary names the hottest line, and the headline says it (built by the sidecar from each
+    # probe's raw samples file, which goes with the raw folder).
     summary = client.summary(status["id"])
     assert set(summary["python_stacks"]) >= {by_role["engine_core"]["label"], by_role["worker"]["label"]}
+    assert all(summary["python_stacks"][by_role[r]["label"]]["top_self"] for r in ("engine_core", "worker"))
     assert "python: " in status["headline"]
+    assert not [n for n in status["notes"] if "python stacks" in n], status["notes"]
+    leftovers = [p for p in (vllm_stack.trace_dir / "captures" / status["id"]).rglob("*") if p.name.endswith(".stacks.msgpack")]
+    assert leftovers == []
 
 
 def test_traced_stacks_only_in_the_worker(vllm_stack, background_load, tmp_path):

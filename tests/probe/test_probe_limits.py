@@ -176,15 +176,25 @@ def test_the_api_servers_window_closes_at_the_duration_limit(root, monkeypatch):
 
 
 # -- bytes ----------------------------------------------------------------------------------------------
-def test_a_trace_file_over_the_size_limit_is_deleted_and_the_process_fails_naming_it(root, monkeypatch):
+@pytest.mark.parametrize("stacks", ["none", "sampled"])
+def test_a_trace_file_over_the_size_limit_is_deleted_and_the_process_fails_naming_it(root, monkeypatch, stacks):
     monkeypatch.setenv(config.ENV_PROBE_MAX_TRACE_MB, "0.001")  # about 1 kB: any trace is larger
     probe, sent = make_probe()
-    probe._on_message(Arm(spec=CaptureSpec(id="c1", steps=2)))
+    probe._on_message(Arm(spec=CaptureSpec(id="c1", steps=2, stacks=stacks)))
     probe._on_message(Begin(job_id="c1", start_step=0))
     run_until_finished(probe)
     final = wait_final(sent)
     assert final.state == "failed" and "SIDECAR_PROBE_MAX_TRACE_MB" in final.error, final
     assert [p for p in root.rglob("*") if p.is_file()] == []
+
+
+def test_a_samples_file_counts_with_its_trace_against_the_size_limit():
+    from sidecar.probe.limits import ProbeLimits
+
+    limits = ProbeLimits(max_trace_mb=1)
+    assert limits.samples_problem(2**19, 2**19) is None
+    problem = limits.samples_problem(2**19, 2**19 + 1)
+    assert "SIDECAR_PROBE_MAX_TRACE_MB=1 MiB" in problem and problem.startswith("samples file of 0.5 MiB")
 
 
 # -- settings -------------------------------------------------------------------------------------------

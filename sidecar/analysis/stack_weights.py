@@ -1,22 +1,25 @@
-"""How much of the target's time each stack sample stands for (``StackSampler.summary`` ranks
-frames by it). Pure functions of the samples' times and GIL waits, kept apart from the sampling."""
+"""How much of the target's time each stack sample stands for (the sampled-stacks summary ranks
+frames by it, sampled_stacks.py). Pure functions of the samples' times and GIL waits, and of the GIL
+switch interval of the process that was sampled (the samples file carries it)."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Iterable, Sequence
 
+DEFAULT_SWITCH_INTERVAL_S = 0.005  # sys.getswitchinterval()'s default
 
-def weight_cap(period_ns: int) -> int:
+
+def weight_cap(period_ns: int, switch_interval_s: float = DEFAULT_SWITCH_INTERVAL_S) -> int:
     """The most time one sample stands for: a hundred periods, and at least twenty GIL switch
     intervals (100 ms at the defaults). Long gaps are mostly real: the sampler waits a switch
     interval or more for the GIL while the target runs Python, longer on a busy host, and as
     long as a C call that keeps the GIL lasts; the sample that ends such a wait sees the code
     that held the GIL. A cap of 10 ms lost a third of a 15 ms pure-Python stretch."""
-    return max(100 * period_ns, int(20e9 * sys.getswitchinterval()))
+    return max(100 * period_ns, int(20e9 * switch_interval_s))
 
 
-def sample_weights(times: Sequence[int], waits: Sequence[int], segments: Iterable[Any], period: int) -> list[int]:
+def sample_weights(times: Sequence[int], waits: Sequence[int], segments: Iterable[Any], period: int,
+                   switch_interval_s: float = DEFAULT_SWITCH_INTERVAL_S) -> list[int]:
     """Per sample, the time it stands for, from the stretch between it and the previous sample
     of its segment, or since ``start()`` for the first (each sample's share capped).
 
@@ -38,9 +41,10 @@ def sample_weights(times: Sequence[int], waits: Sequence[int], segments: Iterabl
 
     ``times``: each sample's monotonic ns; ``waits``: ns from the tick it was due at to the sample;
     ``segments``: objects with ``lo``, ``hi`` (sample index range) and ``start_ns`` (when sampling
-    started, or None); ``period``: the sampling period in ns."""
-    cap = weight_cap(period)
-    forced = int(0.9e9 * sys.getswitchinterval())
+    started, or None); ``period``: the sampling period in ns; ``switch_interval_s``: the sampled
+    process's ``sys.getswitchinterval()``."""
+    cap = weight_cap(period, switch_interval_s)
+    forced = int(0.9e9 * switch_interval_s)
     contended = max(200_000, period // 4)
     weights = [0] * len(times)
     for seg in segments:
