@@ -52,7 +52,7 @@ from ..stack_samples import samples_path
 from ..step_window import FINISHED, RECORDING, StepWindow
 from .limits import ProbeLimits
 from .stack_sampler import StackSampler
-from .trace_root import NO_SPACE, discard, export_problem
+from .trace_root import NO_SPACE, discard, export_problem, release
 
 log = logging.getLogger(__name__)
 
@@ -199,11 +199,12 @@ class StepCapture(StepWindow):
             size = os.path.getsize(self.trace_path) if problem is None else 0
         except Exception as exc:
             problem = export_problem(exc, self.trace_path)
+        # Now, not when the garbage collector gets to it: a failed export's temporary file stays
+        # open (and its space taken) while the profiler's results live (trace_root.release).
+        release(prof)
         if problem is None and self._limits is not None:
             problem = self._limits.trace_problem(size)
         if problem is not None:
-            # Released first: torch's objects may hold the file open, and a deleted file that is
-            # still open keeps its space (a full disk would stay full).
             prof = None
             if os.path.realpath(os.path.dirname(self.trace_path)) == self._trace_dir:  # never through a swapped link
                 discard(self.trace_path)
