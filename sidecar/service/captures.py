@@ -124,6 +124,9 @@ class CaptureManager(JobManager[Capture]):
             processes=[CaptureProcess(conn=c, identity=c.identity) for c in chosen],
         )
         capture.dir.mkdir(parents=True, exist_ok=True)
+        # Written now, not only at the end: a sidecar killed during the capture leaves what was asked
+        # and of which processes, for the restarted one to list it truthfully (capture_index.py).
+        self._save(capture)
         return capture
 
     def _arm_message(self, capture: Capture) -> Arm:

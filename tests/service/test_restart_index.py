@@ -147,3 +147,22 @@ async def test_scans_on_disk_are_listed_and_retained_after_a_restart(aiohttp_cli
     body = await client.get(f"/sync/{ids[2]}")
     assert body.status == 200 and (await body.json())["processes"][0]["label"] == "worker rank 0 (pid 7)"
     assert sorted(p.name for p in scans.iterdir()) == [f"{ids[1]}.json", f"{ids[2]}.json"]
+
+
+async def test_a_capture_the_sidecar_dies_in_is_restored_with_what_was_asked(aiohttp_client, tmp_path):
+    """capture.json is written when the capture is created, not only when it ends: after a kill the
+    restarted sidecar lists it with its steps, options and processes (found on real vLLM: it used
+    to show 0 steps, the default timeout and no process)."""
+    app = make_app(settings(tmp_path))
+    client = await aiohttp_client(app)
+    app[REGISTRY].add(identity("worker", 0), FakeWebSocket())
+    start = await client.post("/profile/start?steps=30&timeout_s=900&record_shapes=1")
+    assert start.status == 202, await start.text()
+    capture_id = (await start.json())["id"]
+    # The sidecar is killed here: nothing more of this app runs (no report, no shutdown).
+
+    again = await aiohttp_client(make_app(settings(tmp_path)))
+    body = await (await again.get(f"/profile/{capture_id}")).json()
+    assert body["state"] == "failed" and body["reason"] == INTERRUPTED, body
+    assert body["steps"] == 30 and body["options"]["timeout_s"] == 900 and body["options"]["record_shapes"] is True
+    assert [(p["role"], p["state"]) for p in body["processes"]] == [("worker", "lost")], body["processes"]
