@@ -38,7 +38,6 @@ Reports go out as ``CaptureReport`` structs (sidecar.protocol).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -52,7 +51,7 @@ from ..stack_samples import samples_path
 from ..step_window import FINISHED, RECORDING, StepWindow
 from .limits import ProbeLimits
 from .stack_sampler import StackSampler
-from .trace_root import NO_SPACE, discard, export_problem, release
+from .trace_root import NO_SPACE, discard, export_problem, is_disk_full, release
 
 log = logging.getLogger(__name__)
 
@@ -205,13 +204,11 @@ class StepCapture(StepWindow):
         if problem is None and self._limits is not None:
             problem = self._limits.trace_problem(size)
         if problem is not None:
-            prof = None
             if os.path.realpath(os.path.dirname(self.trace_path)) == self._trace_dir:  # never through a swapped link
                 discard(self.trace_path)
             log.warning("inference-sidecar: capture %s: %s", self.spec.id, problem)
             self._fail(problem)
             return
-        prof = None  # its events are in the file
         stacks_file, stack_summary = self._dump_samples(size)
         self._report_state(P_DONE, file=self.trace_path, bytes=size, stacks_file=stacks_file,
                            stack_summary=stack_summary, export_ms=round((perf_counter_ns() - began) / 1e6, 3))
@@ -288,6 +285,6 @@ def _samples_problem(error: BaseException, path: str) -> str:
     """Why writing the samples file failed, naming a full disk."""
     if not isinstance(error, OSError):
         return f"{type(error).__name__}: {error}"
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+    if is_disk_full(error):
         return f"{NO_SPACE} ({os.path.dirname(path)})"
     return str(error)

@@ -51,10 +51,15 @@ class TraceRoot:
         return path
 
 
+def is_disk_full(error: BaseException | None) -> bool:
+    """``error`` is a write that failed for want of space (ENOSPC, or a quota)."""
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def export_problem(error: BaseException | None, path: str) -> str | None:
     """Why the export to ``path`` failed, naming a full disk (ENOSPC, a quota, or almost no room
     left where the file lies); None when ``error`` is None and the file is not empty."""
-    full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+    full = is_disk_full(error)
     try:
         full = full or shutil.disk_usage(os.path.dirname(path)).free < FULL_BELOW_BYTES
     except OSError:

@@ -118,19 +118,17 @@ def raw_trace_path(capture_dir: Path, raw_file: str) -> Path | None:
     """The raw trace a probe reported, resolved, if it is one of this capture's: a ``.json`` file in a
     folder ``raw`` of a folder named after the capture (``<trace root>/captures/<id>/raw/``, under the
     sidecar's trace dir or the probe's own root). None for any other path: never read nor deleted."""
-    raw = Path(raw_file).resolve()
-    if raw.suffix != ".json" or raw.parent.name != RAW_DIR or raw.parent.parent.name != capture_dir.name:
-        return None
-    return raw if raw.is_file() else None
+    return _reported_raw_file(capture_dir, raw_file, ".json")
 
 
 def raw_samples_path(capture_dir: Path, samples_file: str) -> Path | None:
-    """The raw samples file a probe reported, resolved, if it is one of this capture's: a
-    ``.stacks.msgpack`` file in a folder ``raw`` of a folder named after the capture, as its raw
-    trace. None for any other path (never read nor deleted), or when there is no such file."""
-    path = Path(samples_file).resolve()
-    if (not path.name.endswith(stack_samples.SUFFIX) or path.parent.name != RAW_DIR
-            or path.parent.parent.name != capture_dir.name):
+    """The raw samples file a probe reported (``.stacks.msgpack``), under the same rule as its trace."""
+    return _reported_raw_file(capture_dir, samples_file, stack_samples.SUFFIX)
+
+
+def _reported_raw_file(capture_dir: Path, reported: str, suffix: str) -> Path | None:
+    path = Path(reported).resolve()
+    if not path.name.endswith(suffix) or path.parent.name != RAW_DIR or path.parent.parent.name != capture_dir.name:
         return None
     return path if path.is_file() else None
 
