@@ -55,6 +55,13 @@ DEFAULT_PROBE_MAX_CAPTURE_S = 300.0
 ENV_PROBE_MAX_TRACE_MB = "SIDECAR_PROBE_MAX_TRACE_MB"  # default DEFAULT_MAX_CAPTURE_MB
 
 
+# The flight recorder (sidecar.flight_ring): how many recent steps each step-driven process keeps,
+# always on (0: none). 65536 steps hold 10 minutes at about 100 steps/s.
+ENV_RECORDER_STEPS = "SIDECAR_RECORDER_STEPS"
+# The step watchdog (sidecar.probe.watchdog): a step running longer than this many seconds has the
+# process's stacks dumped once and is reported stuck. Unset or 0: off.
+ENV_WATCHDOG_S = "SIDECAR_WATCHDOG_S"
+
 def _private_base() -> Path:
     """$XDG_RUNTIME_DIR/inference-sidecar, else ~/.cache/inference-sidecar: the token file's folder."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")

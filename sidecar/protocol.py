@@ -16,11 +16,15 @@ registers the probe (wrong: close code ``CLOSE_REFUSED``).
 probe → sidecar
   hello      {protocol, process: ProcessIdentity, nonce}
   proof      {proof}                               HMAC("probe", sidecar nonce, probe nonce)
-  heartbeat  {steps, sync_watch?}                  working steps so far; the watch report when changed
+  heartbeat  {steps, sync_watch?, open_step_ms?, stuck?, in_flight?}
+                                                   working steps so far; the watch report when changed;
+                                                   how long the running step has run; the watchdog's
+                                                   report; the requests this process knows in flight
   capture    {job_id, state, steps_recorded, steps_seen?, first_step?, file?, bytes, stacks,
               stacks_file?, stack_summary?, error?, stop_reason?}
   sync       {job_id, state, steps_recorded, steps_seen?, first_step?, treat_cpu_as_device, sites?,
               error?, stop_reason?}
+  answer     {query_id, kind, data?, file?, error?}   the answer to a query (below)
 sidecar → probe
   challenge  {nonce, proof}                        HMAC("sidecar", probe nonce, sidecar nonce)
   arm        {spec: CaptureSpec}    the probe answers ``capture`` state=armed with steps_seen
@@ -29,11 +33,22 @@ sidecar → probe
   stop       {job_id, reason}       end early, keeping what was recorded
   verdict    {job_id, state, reason?, steps, processes, trace_bytes, trace?}
                                     a capture's final state, to its processes still connected
+  query      {query_id, kind, seconds, hz, only_step_thread}
+                                    "recorder": the flight recorder's last ``seconds`` (the probe
+                                    writes it to <root>/recorder/<stem>-<query_id>.json and answers
+                                    that path: it may be larger than a frame); "stacks": every
+                                    thread's Python stack now, or folded samples over ``seconds``;
+                                    "requests": the requests in flight this process knows. Answered
+                                    from the probe's own threads, never the step thread, so a probe
+                                    whose engine is stuck in a step still answers.
 
 Job ids are unique across kinds (a scan's starts with ``s``), so ``begin`` and ``stop`` serve both.
 An id is never a path component such as ``..`` (``JobId``). A capture names no directory: each probe
 writes ``<its trace root>/captures/<job id>/raw/<process file stem>.json`` and reports that path;
 with sampled stacks, its raw samples beside it (``<stem>.stacks.msgpack``, sidecar/stack_samples.py).
+
+Version 6: queries (flight recorder, stacks, requests in flight) and the heartbeat's step age,
+watchdog and in-flight fields (issue 11).
 
 Version 5: a probe no longer adds its sampled stacks to its trace nor summarises them; it reports
 its samples file (``stacks_file``) and the sidecar does both. A version-4 sidecar would ignore that
@@ -46,8 +61,9 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 PROBE_WS_PATH = "/probe/ws"
+RECORDER_DIR = "recorder"  # <trace root>/recorder/<process file stem>-q<query id>.json: a recorder dump
 # Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
 # version, a wrong proof); the close frame's reason says why.
 CLOSE_REFUSED = 4400
@@ -160,9 +176,21 @@ class Proof(_Message, tag="proof", kw_only=True):
     proof: Hex64  # auth.probe_proof(token, challenge.nonce, hello.nonce)
 
 
+class InFlight(msgspec.Struct, frozen=True, kw_only=True):
+    """What a process that knows the engine's requests (the engine core) says of them at a heartbeat."""
+
+    count: Count
+    oldest_arrival_ns: Count | None = None  # unix ns; None with no request in flight
+
+
 class Heartbeat(_Message, tag="heartbeat", kw_only=True):
     steps: Count
     sync_watch: dict[str, Any] | None = None
+    # How long the step running now has run (ms); None between steps. A step-driven process only.
+    open_step_ms: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    # The watchdog fired for the running step (SIDECAR_WATCHDOG_S): {"since_ns", "step", "frames"}.
+    stuck: dict[str, Any] | None = None
+    in_flight: InFlight | None = None
 
 
 class _JobReport(_Message, kw_only=True):
@@ -229,8 +257,31 @@ class Verdict(_Message, tag="verdict", kw_only=True):
     trace: Text | None = None  # the merged trace's path on the sidecar: /profile/<id>/trace
 
 
-FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport]
-FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict]
+QueryKind = Literal["recorder", "stacks", "requests"]
+QueryId = Annotated[int, msgspec.Meta(ge=1, le=2**53)]
+MAX_QUERY_SECONDS = 3600.0
+MAX_SAMPLE_SECONDS = 60.0
+
+
+class Query(_Message, tag="query", kw_only=True):
+    query_id: QueryId
+    kind: QueryKind
+    # recorder: how far back (0: all it holds); stacks: how long to sample (0: one snapshot)
+    seconds: Annotated[float, msgspec.Meta(ge=0, le=MAX_QUERY_SECONDS)] = 0.0
+    hz: Annotated[float, msgspec.Meta(ge=1, le=1000)] = 100.0  # stacks sampling rate
+    only_step_thread: bool = False  # stacks sampling: the step thread alone
+
+
+class Answer(_Message, tag="answer", kw_only=True):
+    query_id: QueryId
+    kind: QueryKind
+    data: dict[str, Any] | None = None  # stacks, requests: inline
+    file: Text | None = None  # recorder: the dump the probe wrote under its trace root
+    error: Text | None = None
+
+
+FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, Answer]
+FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query]
 JobReport = Union[CaptureReport, SyncReport]
 
 

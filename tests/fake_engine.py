@@ -20,6 +20,8 @@ def main() -> None:
     parser.add_argument("--steps-then-idle", type=int, default=None, help="take N working steps, then none")
     parser.add_argument("--step-ms", type=float, default=2.0)
     parser.add_argument("--planted-sync", action="store_true", help="an .item() in every step (PLANTED_LINE)")
+    parser.add_argument("--hang-at-step", type=int, default=None, metavar="N",
+                        help="working step N never ends: it blocks in hang_inside_a_step()")
     parser.add_argument("--fake-cuda-watch", type=int, default=0, metavar="EVERY",
                         help="run the always-on sync watch on tests/fake_cuda.py's stand-in for CUDA's sync debug mode, "
                              "sampling one step in EVERY, with a synchronising op in every step (WATCHED_LINE)")
@@ -42,6 +44,8 @@ def main() -> None:
     while True:
         has_work = args.steps_then_idle is None or taken < args.steps_then_idle
         probe.step_begin(has_work)
+        if has_work and taken + 1 == args.hang_at_step:
+            hang_inside_a_step()
         if has_work:
             total = (x @ x).sum()
             if args.planted_sync:
@@ -49,10 +53,15 @@ def main() -> None:
             if fake_sync is not None:
                 fake_sync()  # WATCHED_LINE
             taken += 1
-        probe.step_end(has_work)
+        probe.step_end(has_work, 4 if has_work else 0, 16 if has_work else 0, 0, 4 if has_work else 0)
         time.sleep(args.step_ms / 1000 if has_work else 0.05)
         if not has_work:
             threading.Event().wait()  # an idle engine blocks waiting for work, taking no steps
+
+
+def hang_inside_a_step() -> None:
+    """A forward that never returns (the GIL released, as in a blocked kernel launch or a collective)."""
+    threading.Event().wait()
 
 
 def _fake_cuda_watch(every: int):

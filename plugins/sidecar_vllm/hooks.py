@@ -11,6 +11,11 @@ a worker step with work costs two ``time.time_ns()`` calls and one deque append,
 drain thread turns those into the ``sidecar.step.*`` histograms. The engine core gets process
 samplers (CPU, RSS). ``SIDECAR_TELEMETRY=0`` (or ``OTEL_SDK_DISABLED=true``) leaves both out.
 
+The flight recorder (docs/api.md, ``GET /recorder``): each ``step_end`` passes what the hook knows of
+the step: a worker its batch, scheduled tokens and their prefill/decode split, the engine core its
+scheduler's running and waiting counts (two ``len()``). The engine core's probe also gets
+``requests_view.requests_in_flight`` for ``GET /requests`` and the in-flight gauges.
+
 Each patch is independent (``sidecar.integration.patching``): one that fails is logged and the others
 still apply; the engine never fails to start because of this package. Probes and telemetry attach
 once per engine object (``sidecar.integration.attach``), as roles of ``VLLM_PROFILE``.
@@ -21,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from operator import countOf
 
 from sidecar.integration import attach, patching
 from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR, TELEMETRY_ATTR  # noqa: F401 (bench, tests)
 
 from .profile import ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER, VLLM_PROFILE
+from .requests_view import requests_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +51,14 @@ def _attach_telemetry(obj, role: str, rank: int | None, *, steps: bool):
 
 
 # -- engine core ----------------------------------------------------------------------------------
+def _attach_engine_core_probe(core):
+    return _attach_probe(core, ROLE_ENGINE_CORE, None, in_flight=lambda: requests_in_flight(core))
+
+
 def _wrap_engine_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        _attach_probe(self, ROLE_ENGINE_CORE, None)
+        _attach_engine_core_probe(self)
         _attach_telemetry(self, ROLE_ENGINE_CORE, None, steps=False)
 
     return __init__
@@ -57,7 +68,7 @@ def _wrap_engine_busy_loop(original):
     # In the engine-core process vLLM loads general plugins inside EngineCore.__init__, after our
     # __init__ patch could apply; the busy loop starts right after, so the probe attaches here.
     def run_busy_loop(self, *args, **kwargs):
-        _attach_probe(self, ROLE_ENGINE_CORE, None)
+        _attach_engine_core_probe(self)
         _attach_telemetry(self, ROLE_ENGINE_CORE, None, steps=False)
         return original(self, *args, **kwargs)
 
@@ -68,12 +79,13 @@ def _wrap_engine_step(original):
     def step(self, *args, **kwargs):
         probe = self.__dict__.get(PROBE_ATTR, _MISSING)
         if probe is _MISSING:
-            probe = _attach_probe(self, ROLE_ENGINE_CORE, None)
+            probe = _attach_engine_core_probe(self)
         if probe is None:
             return original(self, *args, **kwargs)
-        probe.step_begin(self.scheduler.has_requests())
+        scheduler = self.scheduler
+        probe.step_begin(scheduler.has_requests())
         result = original(self, *args, **kwargs)
-        probe.step_end(bool(result[1]))
+        probe.step_end(bool(result[1]), -1, -1, -1, -1, len(scheduler.running), len(scheduler.waiting))
         return result
 
     return step
@@ -91,11 +103,18 @@ def _wrap_worker_init(original):
 
 
 def _end_worker_step(probe, steps, has_work: bool, t0: int, scheduler_output) -> None:
+    per_request = scheduler_output.num_scheduled_tokens
+    batch, tokens = len(per_request), scheduler_output.total_num_scheduled_tokens
     if probe is not None:
-        probe.step_end(has_work)
+        if probe.ring is not None:  # the flight recorder keeps the prefill/decode split
+            # A decoding request is scheduled one token; more is a prompt (or a chunk of one). countOf
+            # runs in C over the dict's values: no list, nothing per request in Python.
+            decode = countOf(per_request.values(), 1)
+            probe.step_end(has_work, batch, tokens, tokens - decode, decode)
+        else:
+            probe.step_end(has_work)
     if steps is not None and has_work:
-        steps.observe(t0, time.time_ns(), len(scheduler_output.num_scheduled_tokens),
-                      scheduler_output.total_num_scheduled_tokens)
+        steps.observe(t0, time.time_ns(), batch, tokens)
 
 
 def _wrap_execute_model(original):
@@ -149,7 +168,9 @@ def _wrap_async_llm_init(original):
             log.warning("inference-sidecar: request telemetry not attached to the engine: %s", exc)
         # The API server's capture window ends in a capture span linked to the requests in flight.
         on_report = logger.captures.on_report if logger is not None and logger.captures is not None else None
-        _attach_probe(self, ROLE_API_SERVER, None, loop=loop, on_capture_report=on_report)
+        probe = _attach_probe(self, ROLE_API_SERVER, None, loop=loop, on_capture_report=on_report)
+        if probe is not None and logger is not None:
+            logger.request_ring = probe.request_ring  # the flight recorder's finished requests
 
     return __init__
 

@@ -224,6 +224,8 @@ class SidecarStatLogger(AggregateStatLoggerBase):
         self.telemetry = None
         self.in_flight: InFlightRequests | None = None
         self.captures: CaptureSpans | None = None
+        # The API server probe's ring of finished requests (the flight recorder); hooks.py sets it.
+        self.request_ring = None
         self._failed = False
         try:
             telemetry = telemetry or create_telemetry(ROLE_API_SERVER, profile=VLLM_PROFILE)
@@ -247,8 +249,10 @@ class SidecarStatLogger(AggregateStatLoggerBase):
         clock = ClockOffset.measure()
         for req_state, finish_reason, finished_time in finished:
             try:
-                record_request(finished_request(req_state, finish_reason, finished_time, self.model),
-                               telemetry.tracer, telemetry.requests, clock, provider=VLLM_PROFILE.provider)
+                request = finished_request(req_state, finish_reason, finished_time, self.model)
+                record_request(request, telemetry.tracer, telemetry.requests, clock, provider=VLLM_PROFILE.provider)
+                if self.request_ring is not None:
+                    _add_to_ring(self.request_ring, request)
             except Exception:
                 if not self._failed:
                     self._failed = True
@@ -259,6 +263,17 @@ class SidecarStatLogger(AggregateStatLoggerBase):
 
     def record_admission_rejection(self, reason: str) -> None:
         pass
+
+
+_OUTCOME_BY_FINISH_REASON = {"abort": "aborted", "error": "error"}
+
+
+def _add_to_ring(ring, request: FinishedRequest) -> None:
+    arrived_ns = int(request.arrival_time * 1e9)
+    first_ns = arrived_ns + int(request.time_to_first_token * 1e9) if request.time_to_first_token > 0 else -1
+    ring.add(request.request_id, arrived_ns, first_ns, int(request.finished_time * 1e9),
+             _OUTCOME_BY_FINISH_REASON.get(request.finish_reason, "finished"), request.input_tokens,
+             request.output_tokens)
 
 
 def attach_to_async_llm(async_llm: Any) -> SidecarStatLogger | None:

@@ -5,8 +5,10 @@ recorder.py  torch.profiler captures: ``StepCapture`` (N working steps), ``Windo
 sync_tools.py  the hidden-sync scan and watch, built from the engine profile
 link.py      the websocket to the sidecar (the handshake: the sidecar proves the token first; typed
              messages, reconnecting)
-trace_root.py  where a probe writes: only <its root>/captures/<id>/raw/
+trace_root.py  where a probe writes: only <its root>/captures/<id>/raw/ and <its root>/recorder/
 limits.py    the probe's own limits on steps, duration and trace bytes
+queries.py   answers to the sidecar's queries (flight recorder, stacks, requests), off the step thread
+watchdog.py  a step that runs too long: reported stuck, stacks dumped once
 """
 
 from .probe import Probe

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -31,7 +32,9 @@ from ..protocol import (
     FromSidecar,
     Heartbeat,
     Hello,
+    InFlight,
     ProcessIdentity,
+    Query,
     Stop,
     SyncArm,
     SyncReport,
@@ -40,11 +43,15 @@ from ..protocol import (
     decode_hello,
     encode,
 )
+from .. import thread_stacks
+from ..flight_ring import GcPauses, RequestRing, StepRing, capacity_from_environment
 from . import sync_tools
 from .limits import ProbeLimits
 from .link import SidecarLink
+from .queries import QueryAnswerer
 from .recorder import StepCapture, WindowCapture, stack_mode
 from .trace_root import TraceRoot
+from .watchdog import Watchdog, threshold_from_environment
 from ..step_window import clip
 
 log = logging.getLogger(__name__)
@@ -74,12 +81,17 @@ class Probe:
         sync_watch: Any = None,
         trace_root: str | os.PathLike | None = None,
         limits: ProbeLimits | None = None,
+        in_flight: Callable[[], list[dict]] | None = None,
+        recorder_steps: int | None = None,
+        watchdog_s: float | None = None,
     ) -> None:
         """``role``: one of ``profile.roles`` (ValueError otherwise). ``loop``: the asyncio loop a
         process without steps records on (API server). ``on_capture_report``: also told of every
         report of such a window capture, and of every capture's ``Verdict``. ``sync_watch``: a ready ``SyncWatch`` instead of the one
         SIDECAR_SYNC_WATCH asks for. ``trace_root``, ``limits``: instead of SIDECAR_TRACE_DIR and the
-        SIDECAR_PROBE_MAX_* variables."""
+        SIDECAR_PROBE_MAX_* variables. ``in_flight``: the requests this process knows in flight
+        (``/requests``), called on the link thread. ``recorder_steps``, ``watchdog_s``: instead of
+        SIDECAR_RECORDER_STEPS and SIDECAR_WATCHDOG_S."""
         if cuda_available is None:
             cuda_available = _cuda_available()
         self.profile = profile
@@ -103,6 +115,23 @@ class Probe:
             self._watch.install()
         self._watch_sent = -1  # the watch version the sidecar last received (-1: none since connecting)
         self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-sidecar-export")
+        # The flight recorder (sidecar/flight_ring.py): always on, fixed memory. Steps in step-driven
+        # processes; finished requests where the engine integration adds them (the API server).
+        capacity = capacity_from_environment() if recorder_steps is None else recorder_steps
+        self.ring: StepRing | None = StepRing(capacity) if self.identity.step_driven and capacity > 0 else None
+        # Bound once: the step path calls them without looking the ring up (about 100 ns a step here).
+        self._ring_begin = self.ring.begin if self.ring is not None else None
+        self._ring_end = self.ring.end if self.ring is not None else None
+        self.request_ring: RequestRing | None = None if self.identity.step_driven else RequestRing()
+        self.gc_pauses = GcPauses(step_thread_id=self._step_thread_id)
+        self.gc_pauses.install()
+        self._in_flight = in_flight
+        threshold = threshold_from_environment() if watchdog_s is None else watchdog_s
+        self.watchdog = None
+        if threshold > 0 and self.ring is not None:
+            ring = self.ring
+            self.watchdog = Watchdog(threshold, lambda: ring.open_since_ns, lambda: self.steps + 1,
+                                     lambda: thread_stacks.snapshot(ring.step_thread_id))
         self._link = SidecarLink(
             endpoint or config.endpoint(),
             self.identity,
@@ -111,6 +140,10 @@ class Probe:
             heartbeat=self._heartbeat,
             warmup=_warm_profiler_imports,
         )
+        self._queries = QueryAnswerer(
+            send=self._link.send, recorder_dump=self.recorder_dump,
+            recorder_file=lambda query_id: self.trace_root.recorder_file(query_id, self.identity.file_stem),
+            step_thread_id=self._step_thread_id, in_flight=in_flight)
 
     def start(self) -> "Probe":
         self._link.start()
@@ -119,6 +152,7 @@ class Probe:
     def close(self) -> None:
         self._link.close()
         self._exporter.shutdown(wait=False)
+        self.gc_pauses.uninstall()
 
     @property
     def connected(self):
@@ -126,6 +160,9 @@ class Probe:
 
     # -- the step path: keep these lean ------------------------------------------------------------
     def step_begin(self, has_work: bool) -> None:
+        ring_begin = self._ring_begin
+        if ring_begin is not None:
+            ring_begin()
         capture = self._capture
         if capture is not None:
             try:
@@ -138,9 +175,15 @@ class Probe:
         elif self._watch is not None:  # a scan, when one runs, sees every sync anyway
             self._watch.step_begin(has_work, self.steps)  # SyncWatch contains its own errors
 
-    def step_end(self, did_work: bool) -> None:
+    def step_end(self, did_work: bool, batch: int = -1, tokens: int = -1, prefill_tokens: int = -1,
+                 decode_tokens: int = -1, running: int = -1, waiting: int = -1) -> None:
+        """The counts are what the engine integration knows of this step (-1: not known here): the
+        flight recorder keeps them."""
         if did_work:
             self.steps += 1
+        ring_end = self._ring_end
+        if ring_end is not None:
+            ring_end(self.steps, did_work, batch, tokens, prefill_tokens, decode_tokens, running, waiting)
         watch = self._watch
         if watch is not None and watch.on:
             watch.step_end()
@@ -180,6 +223,8 @@ class Probe:
                     job.request_stop(reason)
             case Verdict():
                 self._tell_capture_listener(msg)
+            case Query():
+                self._queries.answer(msg)
 
     def _job(self, job_id: str):
         """The capture or scan of this probe with that id (ids are unique across kinds); None."""
@@ -249,17 +294,53 @@ class Probe:
                 log.debug("inference-sidecar: capture report callback failed", exc_info=True)
 
     def _heartbeat(self) -> Heartbeat:
-        """The heartbeat (link thread): step count, and the watch's report when it has changed since
-        the sidecar last got it."""
+        """The heartbeat (link thread): step count, the watch's report when it has changed since the
+        sidecar last got it, the running step's age, the watchdog's report, the requests in flight."""
         watch = self._watch
+        sync_watch = None
         if watch is not None and watch.version != self._watch_sent:
             self._watch_sent = watch.version
-            return Heartbeat(steps=self.steps, sync_watch=watch.report())
-        if self._watch_note is not None and self._watch_sent == -1:
+            sync_watch = watch.report()
+        elif self._watch_note is not None and self._watch_sent == -1:
             self._watch_sent = 0
-            return Heartbeat(steps=self.steps,
-                             sync_watch={"state": "unavailable", "reason": self._watch_note, "sites": []})
-        return Heartbeat(steps=self.steps)
+            sync_watch = {"state": "unavailable", "reason": self._watch_note, "sites": []}
+        open_step_ms = None
+        if self.ring is not None and (since := self.ring.open_since_ns):
+            open_step_ms = max(0.0, (time.time_ns() - since) / 1e6)
+        stuck = self.watchdog.check() if self.watchdog is not None else None
+        return Heartbeat(steps=self.steps, sync_watch=sync_watch, open_step_ms=open_step_ms, stuck=stuck,
+                         in_flight=self._in_flight_summary())
+
+    def _in_flight_summary(self) -> InFlight | None:
+        if self._in_flight is None:
+            return None
+        try:
+            requests = self._in_flight()
+        except Exception as exc:
+            log.debug("inference-sidecar: requests in flight not read: %s", exc)
+            return None
+        arrivals = [r["arrived_ns"] for r in requests if r.get("arrived_ns")]
+        return InFlight(count=len(requests), oldest_arrival_ns=min(arrivals) if arrivals else None)
+
+    def _step_thread_id(self) -> int | None:
+        ring = self.ring
+        return ring.step_thread_id if ring is not None else None
+
+    def recorder_dump(self, seconds: float = 0.0) -> dict[str, Any]:
+        """This process's flight recorder: its last ``seconds`` (0: all it holds), as the columns of
+        each ring (sidecar/flight_ring.py), with the requests in flight where it knows them."""
+        since = time.time_ns() - int(seconds * 1e9) if seconds > 0 else 0
+        dump: dict[str, Any] = {"gc": self.gc_pauses.dump(since)}
+        if self.ring is not None:
+            dump["steps"] = self.ring.dump(since)
+        if self.request_ring is not None:
+            dump["requests"] = self.request_ring.dump(since)
+        if self._in_flight is not None:
+            try:
+                dump["in_flight"] = self._in_flight()
+            except Exception as exc:
+                dump["in_flight_error"] = clip(str(exc))
+        return dump
 
     def _on_disconnect(self) -> None:
         self._watch_sent = -1  # a new sidecar (or the same, restarted) needs the report again

@@ -17,7 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ..protocol import JOB_ID_PATTERN
+from ..protocol import JOB_ID_PATTERN, RECORDER_DIR
 
 CAPTURES = "captures"
 RAW = "raw"
@@ -38,15 +38,23 @@ class TraceRoot:
         when it would not lie under the root, OSError when the root cannot be created."""
         if not re.match(JOB_ID_PATTERN, job_id):  # the protocol's own check, once more
             raise ValueError(f"{job_id!r} is not a job id")
+        return self._under_root(f"the trace file of capture {job_id}", stem, CAPTURES, job_id, RAW, stem + ".json")
+
+    def recorder_file(self, query_id: int, stem: str) -> str:
+        """Where this process writes its flight recorder's dump for query ``query_id`` (not created):
+        ``<root>/recorder/<stem>-q<id>.json``. The sidecar reads it and deletes it."""
+        return self._under_root("the recorder dump", stem, RECORDER_DIR, f"{stem}-q{int(query_id)}.json")
+
+    def _under_root(self, what: str, stem: str, *parts: str) -> str:
         if os.sep in stem or stem in ("", ".", ".."):
             raise ValueError(f"{stem!r} is not a file name")
         if not self.path.is_dir():  # private when this probe creates it (and its folder, as the token's is)
             os.makedirs(self.path.parent, mode=0o700, exist_ok=True)
             os.makedirs(self.path, mode=0o700, exist_ok=True)
         root = os.path.realpath(self.path)
-        path = os.path.join(root, CAPTURES, job_id, RAW, stem + ".json")
+        path = os.path.join(root, *parts)
         if os.path.realpath(path) != path:
-            raise ValueError(f"the trace file of capture {job_id} would resolve outside this process's trace root "
+            raise ValueError(f"{what} would resolve outside this process's trace root "
                              f"{self.path} (a symbolic link in it?)")
         return path
 
