@@ -15,6 +15,9 @@ from typing import Callable, Sequence
 _COMMAND_MODULES = {
     "serve": "sidecar.service.cli",
     "capture": "sidecar.client",
+    "recorder": "sidecar.incident_cli",
+    "stacks": "sidecar.incident_cli",
+    "requests": "sidecar.incident_cli",
     "analyze": "sidecar.analysis.cli",
     "make-model": "sidecar.devtools.local_model",
 }
@@ -29,9 +32,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sidecar", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    registered: set[str] = set()  # a module may contribute several commands: register it once
     for command, module in _COMMAND_MODULES.items():
-        if only is None or command == only:
+        if (only is None or command == only) and module not in registered:
             importlib.import_module(module).register(sub)
+            registered.add(module)
     return parser
 
 

@@ -46,6 +46,26 @@ class SidecarClient:
                 body = {"message": exc.reason}
             raise SidecarError(exc.code, body) from None
 
+    def get_bytes(self, path: str, params: dict[str, Any] | None = None) -> bytes:
+        """A GET whose body is returned as it is (text, or JSON to be written to a file)."""
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
+        query = ("?" + urllib.parse.urlencode(params)) if params else ""
+        req = urllib.request.Request(self.url + path + query)
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as exc:
+            try:
+                body = json.loads(exc.read() or b"{}")
+            except ValueError:
+                body = {"message": exc.reason}
+            raise SidecarError(exc.code, body) from None
+
     def start(self, steps: int, **params: Any) -> dict[str, Any]:
         clean = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items() if v is not None}
         return self.request("POST", "/profile/start", {"steps": steps, **clean})

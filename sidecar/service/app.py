@@ -1,8 +1,8 @@
 """The sidecar's HTTP API (aiohttp). Endpoints are documented in docs/api.md; keep them stable.
 
 This module assembles the service: settings and shared state (keys.py), authentication and JSON
-errors, the routes of captures (capture_routes.py), sync scans (scan_routes.py), processes and
-health (here), the probe channel (probe_channel.py) and the metrics receiver.
+errors, the routes of captures (capture_routes.py), sync scans (scan_routes.py), the incident views
+(incident_routes.py: recorder, stacks, requests), processes and health (here), the probe channel (probe_channel.py) and the metrics receiver.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from .. import __version__, auth
 from ..protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
 from . import merge
 from .capture_routes import add_capture_routes, capture_json
+from .engine_state_metrics import EngineStateCollector
+from .incident_routes import add_incident_routes
 from .captures import Capture, CaptureManager
 from .job_board import JobBoard
 from .keys import CAPTURES, JOBS, REGISTRY, SCANS, SETTINGS
@@ -69,10 +71,14 @@ async def processes(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """The sidecar is up (200 whatever the engine does); ``stuck`` lists the engine processes whose
+    step watchdog fires (SIDECAR_WATCHDOG_S), so a probe of liveness can see a hung engine too."""
     active = request.app[CAPTURES].active
+    conns = request.app[REGISTRY].all()
     return web.json_response({
-        "status": "ok", "version": __version__, "processes": len(request.app[REGISTRY]),
+        "status": "ok", "version": __version__, "processes": len(conns),
         "active_capture": active.id if active else None,
+        "stuck": [s for c in conns if (s := c.stuck_json()) is not None],
     })
 
 
@@ -97,6 +103,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
         keep=settings.keep, keep_bytes=settings.keep_bytes, min_free_bytes=settings.min_free_bytes, render=capture_json, stop_grace_s=settings.stop_grace_s, on_finished=observe_capture,
     )
     app[METRICS_REGISTRY].register(WatchCollector(registry))
+    app[METRICS_REGISTRY].register(EngineStateCollector(registry))
     app[SCANS] = ScanManager(registry, board, settings.trace_dir / "scans", keep=settings.keep,
                              keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, on_finished=SyncFindings(app[METRICS_REGISTRY]).observe)
 
@@ -110,6 +117,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
     app.cleanup_ctx.append(lifecycle)
     add_capture_routes(app)
     add_scan_routes(app)
+    add_incident_routes(app)
     app.add_routes([web.get("/processes", processes), web.get("/healthz", healthz)])
     # The API's OpenAPI document (docs/api.md, "OpenAPI"); behind the token like every endpoint but /healthz.
     app.router.add_get(OPENAPI_PATH, openapi_json)

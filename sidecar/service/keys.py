@@ -6,6 +6,7 @@ from aiohttp import web
 
 from .captures import CaptureManager
 from .job_board import JobBoard
+from .queries import QueryBroker
 from .registry import ProbeRegistry
 from .scans import ScanManager
 from .settings import ServiceSettings
@@ -15,3 +16,4 @@ REGISTRY = web.AppKey("registry", ProbeRegistry)
 JOBS = web.AppKey("jobs", JobBoard)
 CAPTURES = web.AppKey("captures", CaptureManager)
 SCANS = web.AppKey("scans", ScanManager)
+QUERIES = web.AppKey("queries", QueryBroker)

@@ -20,7 +20,10 @@ from ..protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ, METRICS_PUSH_PATH, PROBE_
 from .jobs import CAPTURE, SCAN
 from .keys import SETTINGS
 from .metrics_receiver import DECODED_ENCODINGS, MAX_BODY_BYTES, PROTOBUF, SCRAPE_PATH
-from .params import ACTIVITIES, BOOLEAN_OPTIONS, KNOWN, MIN_STACK_HZ, SCAN_KNOWN, STACK_MODES, known_roles
+from .params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFAULT_STACKS_HZ, KNOWN, MAX_STACKS_HZ,
+                     MIN_STACK_HZ, RECORDER_FORMATS, SCAN_KNOWN, STACK_MODES, STACKS_FORMATS, STACKS_MODES,
+                     STACKS_THREADS, known_roles)
+from ..protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
 from .request_body import FORM, JSON, MULTIPART
 
 __all__ = ["OPENAPI_PATH", "OPERATIONS", "build_document", "id_pattern", "openapi_json"]
@@ -129,6 +132,18 @@ def _path_param(name: str, pattern: str | None = None) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": schema}
 
 
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+def _processes_query() -> dict[str, Any]:
+    return {**_query("processes", {"type": "array", "items": {"type": "string", "pattern": _process_pattern()},
+                                   "minItems": 1}, "roles to ask, optionally role:rank (comma-separated); default: all"),
+            "style": "form", "explode": False}
+
+
+_INCIDENT_ERRORS = {"400": _error("bad_parameter naming the parameter (param)"), "503": _error("no_engine_processes")}
+
 # (method, path) -> the operation: summary, responses, and where it differs from the rest: "params" (the
 # start parameters it takes), "path" (path parameters), "security" (none: the routes with their own).
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
@@ -160,10 +175,35 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", "/syncs"): {"summary": "recent scans, newest first", "responses": {"200": _ok("the scans", ["scans"])}},
     ("GET", "/syncs/watch"): {"summary": "the always-on sync watch of every connected process", "responses": {
         "200": _ok("processes and sites", ["processes", "sites"])}},
+    ("GET", "/recorder"): {
+        "summary": "the flight recorder: recent steps, GC pauses and requests of every process, one clock",
+        "query": [_query("seconds", {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_QUERY_SECONDS,
+                                     "default": DEFAULT_RECORDER_SECONDS}, "how far back"),
+                  _query("format", {"type": "string", "enum": list(RECORDER_FORMATS), "default": "json"},
+                         "json rows, or a Chrome/Perfetto trace"), _processes_query()],
+        "responses": {"200": _ok("the recording (docs/api.md, Flight recorder)"), **_INCIDENT_ERRORS}},
+    ("GET", "/stacks"): {
+        "summary": "every thread's Python stack in every engine process, or a short sampling of them",
+        "query": [_query("seconds", {"type": "number", "minimum": 0, "maximum": MAX_SAMPLE_SECONDS, "default": 0},
+                         "0: one snapshot; more: sample this long"),
+                  _query("hz", {"type": "number", "minimum": 1, "maximum": MAX_STACKS_HZ,
+                                "default": DEFAULT_STACKS_HZ}, "sampling rate (with seconds)"),
+                  _query("format", {"type": "string", "enum": list(STACKS_FORMATS), "default": "json"},
+                         "speedscope needs seconds"),
+                  _query("mode", {"type": "string", "enum": list(STACKS_MODES), "default": "python"},
+                         "native: through py-spy, where installed and allowed"),
+                  _query("threads", {"type": "string", "enum": list(STACKS_THREADS), "default": "all"},
+                         "sample every thread or the step thread alone"), _processes_query()],
+        "responses": {"200": _ok("the stacks (docs/api.md, Stacks)"), **_INCIDENT_ERRORS,
+                      "501": _error("native_stacks_unavailable: py-spy missing or not allowed")}},
+    ("GET", "/requests"): {
+        "summary": "every request in flight across the engine: age, phase, tokens so far",
+        "responses": {"200": _ok("the requests", ["count", "oldest_age_s", "by_phase", "requests", "processes"]),
+                      **_INCIDENT_ERRORS}},
     ("GET", "/processes"): {"summary": "the connected engine processes", "responses": {
         "200": _ok("the processes", ["processes"])}},
     ("GET", "/healthz"): {"summary": "health (no token needed)", "security": [], "responses": {
-        "200": _ok("healthy", ["status", "version", "processes", "active_capture"])}},
+        "200": _ok("healthy", ["status", "version", "processes", "active_capture", "stuck"])}},
     ("GET", SCRAPE_PATH): {"summary": "Prometheus metrics", "responses": {
         "200": _ok("Prometheus text format", content_type="text/plain")}},
     ("POST", METRICS_PUSH_PATH): {
@@ -219,7 +259,7 @@ def build_document(app: web.Application) -> dict[str, Any]:
         op: dict[str, Any] = {"operationId": _operation_id(method, path), "summary": spec["summary"]}
         if "description" in spec:
             op["description"] = spec["description"]
-        parameters = list(spec.get("path", [])) + list(spec.get("headers", []))
+        parameters = list(spec.get("path", [])) + list(spec.get("headers", [])) + list(spec.get("query", []))
         if "params" in spec:
             parameters += _query_parameters(spec["params"], max_steps)
             if method == "POST":

@@ -1,5 +1,5 @@
-"""Validation of ``/profile/start`` and ``/sync/start`` parameters: every bad value becomes a
-``ParamError`` naming it. Values are converted from text here, once; the rest of the sidecar gets
+"""Validation of the parameters of ``/profile/start``, ``/sync/start`` and the incident views
+(``/recorder``, ``/stacks``, ``/requests``): every bad value becomes a ``ParamError`` naming it. Values are converted from text here, once; the rest of the sidecar gets
 typed requests."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Iterable, Mapping
 
 from .. import config
 from ..engine import STANDARD_ROLES
-from ..protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ
+from ..protocol import DEFAULT_STACK_HZ, MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS, MAX_STACK_HZ
 from .jobs import SCAN
 
 ACTIVITIES = ("cpu", "cuda")
@@ -242,3 +242,71 @@ def parse_scan_request(params: Mapping[str, str], max_steps: int,
         timeout_s=_timeout(params.get("timeout_s")),
         baseline=baseline,
     )
+
+
+# -- the incident views -----------------------------------------------------------------------------
+DEFAULT_RECORDER_SECONDS = 120.0
+RECORDER_FORMATS = ("json", "trace")
+STACKS_FORMATS = ("json", "text", "speedscope")
+STACKS_MODES = ("python", "native")
+STACKS_THREADS = ("all", "step")
+MAX_STACKS_HZ = 1000.0
+DEFAULT_STACKS_HZ = 100.0
+
+
+@dataclass(frozen=True)
+class RecorderRequest:
+    seconds: float = DEFAULT_RECORDER_SECONDS
+    format: str = "json"
+    processes: tuple[ProcessSelector, ...] = ()
+
+    def selects(self, role: str, rank: int | None) -> bool:
+        return not self.processes or any(s.matches(role, rank) for s in self.processes)
+
+
+@dataclass(frozen=True)
+class StacksRequest:
+    seconds: float = 0.0  # 0: one snapshot of every thread; more: a sampling that long
+    hz: float = DEFAULT_STACKS_HZ
+    format: str = "json"
+    mode: str = "python"
+    threads: str = "all"
+    processes: tuple[ProcessSelector, ...] = ()
+
+    def selects(self, role: str, rank: int | None) -> bool:
+        return not self.processes or any(s.matches(role, rank) for s in self.processes)
+
+
+def _choice(params: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    raw = params.get(name)
+    if raw is None:
+        return choices[0]
+    value = raw.strip().lower()
+    if value not in choices:
+        raise ParamError(name, f"must be one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
+def parse_recorder_request(params: Mapping[str, str], connected_roles: Iterable[str] = ()) -> RecorderRequest:
+    _reject_unknown(params, {"seconds", "format", "processes"})
+    seconds = DEFAULT_RECORDER_SECONDS
+    if "seconds" in params:
+        seconds = _number(params["seconds"], "seconds", 0.001, MAX_QUERY_SECONDS)
+    return RecorderRequest(seconds=seconds, format=_choice(params, "format", RECORDER_FORMATS),
+                           processes=_processes(params.get("processes"), known_roles(connected_roles)))
+
+
+def parse_stacks_request(params: Mapping[str, str], connected_roles: Iterable[str] = ()) -> StacksRequest:
+    _reject_unknown(params, {"seconds", "hz", "format", "mode", "threads", "processes"})
+    seconds = _number(params["seconds"], "seconds", 0, MAX_SAMPLE_SECONDS) if "seconds" in params else 0.0
+    hz = DEFAULT_STACKS_HZ
+    if "hz" in params:
+        if seconds <= 0:
+            raise ParamError("hz", "needs seconds > 0 (a sampling); without seconds one snapshot is taken")
+        hz = _number(params["hz"], "hz", 1, MAX_STACKS_HZ)
+    fmt = _choice(params, "format", STACKS_FORMATS)
+    if fmt == "speedscope" and seconds <= 0:
+        raise ParamError("format", "speedscope needs seconds > 0 (a sampling to draw)")
+    return StacksRequest(seconds=seconds, hz=hz, format=fmt, mode=_choice(params, "mode", STACKS_MODES),
+                         threads=_choice(params, "threads", STACKS_THREADS),
+                         processes=_processes(params.get("processes"), known_roles(connected_roles)))

@@ -27,10 +27,11 @@ import time
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from .. import auth
-from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, CaptureReport, Challenge, Heartbeat, Hello, Proof, ProtocolError,
-                        ProtocolVersionError, SyncReport, decode_from_probe, decode_hello, encode)
+from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, Answer, CaptureReport, Challenge, Heartbeat, Hello, Proof,
+                        ProtocolError, ProtocolVersionError, SyncReport, decode_from_probe, decode_hello, encode)
 from .job_board import JobBoard
-from .keys import JOBS, REGISTRY, SETTINGS
+from .keys import JOBS, QUERIES, REGISTRY, SETTINGS
+from .queries import QueryBroker
 from .registry import ProbeConnection
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,11 @@ async def _session(request: web.Request, ws: web.WebSocketResponse) -> None:
     conn = app[REGISTRY].add(hello.process, ws)
     log.info("probe connected: %s", conn.identity.label)
     try:
-        await _serve(ws, conn, app[JOBS])
+        await _serve(ws, conn, app[JOBS], app[QUERIES])
     finally:
         app[REGISTRY].remove(conn)
         log.info("probe disconnected: %s", conn.identity.label)
+        app[QUERIES].on_probe_lost(conn)
         await app[JOBS].on_probe_lost(conn)
 
 
@@ -129,7 +131,7 @@ async def _authenticate(ws: web.WebSocketResponse, hello: Hello, token: str, pee
     return False
 
 
-async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, jobs: JobBoard) -> None:
+async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, jobs: JobBoard, queries: QueryBroker) -> None:
     dropped = 0
     async for frame in ws:
         if frame.type != WSMsgType.TEXT:
@@ -144,11 +146,11 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, jobs: JobBoar
             (log.warning if dropped == 1 else log.debug)("probe %s: message dropped: %s", conn.identity.label, exc)
             continue
         if isinstance(msg, Heartbeat):
-            conn.observe_steps(msg.steps, time.time())
-            if msg.sync_watch is not None:
-                conn.sync_watch = msg.sync_watch
+            conn.observe_heartbeat(msg, time.time())
         elif isinstance(msg, (CaptureReport, SyncReport)):
             await jobs.on_report(conn, msg)
+        elif isinstance(msg, Answer):
+            queries.on_answer(conn, msg)
     if dropped > 1:
         log.warning("probe %s: %d malformed messages dropped on this connection", conn.identity.label, dropped)
 
@@ -168,6 +170,7 @@ async def close_probe_sockets(app: web.Application) -> None:
 
 def add_probe_channel(app: web.Application) -> None:
     app[PROBE_SOCKETS] = set()
+    app[QUERIES] = QueryBroker()
     app.router.add_get(PROBE_WS_PATH, probe_ws)
     # on_shutdown runs before aiohttp waits for the open handlers (cleanup_ctx only after that wait).
     app.on_shutdown.append(close_probe_sockets)

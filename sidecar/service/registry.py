@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..protocol import FromSidecar, ProcessIdentity, encode
+from ..protocol import FromSidecar, Heartbeat, InFlight, ProcessIdentity, encode
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,9 @@ class ProbeConnection:
     # Working steps per second between two counts received on this connection; None until then.
     step_rate: float | None = None
     sync_watch: dict[str, Any] | None = None  # the probe's latest always-on sync watch report
+    open_step_ms: float | None = None  # how long its running step had run at the last heartbeat
+    stuck: dict[str, Any] | None = None  # its watchdog's report while a step runs over the threshold
+    in_flight: InFlight | None = None  # the requests it knows in flight (the engine core)
     # (count, when received): what the next rate is measured from.
     _baseline: tuple[int, float] | None = field(default=None, init=False, repr=False)
 
@@ -47,6 +50,19 @@ class ProbeConnection:
                     self.step_rate = (steps - base_steps) / elapsed
                 self._baseline = (steps, now)
         self.steps, self.last_seen = steps, now
+
+    def observe_heartbeat(self, beat: Heartbeat, now: float) -> None:
+        self.observe_steps(beat.steps, now)
+        if beat.sync_watch is not None:
+            self.sync_watch = beat.sync_watch
+        self.open_step_ms, self.stuck, self.in_flight = beat.open_step_ms, beat.stuck, beat.in_flight
+
+    def stuck_json(self) -> dict[str, Any] | None:
+        """The watchdog's report without its frames (``/healthz``, ``/processes``); None when not stuck."""
+        if self.stuck is None:
+            return None
+        return {"process": self.identity.label, "step": self.stuck.get("step"), "age_s": self.stuck.get("age_s"),
+                "since_ns": self.stuck.get("since_ns"), "threshold_s": self.stuck.get("threshold_s")}
 
     async def send(self, msg: FromSidecar) -> bool:
         """Send one typed message; False when the probe cannot be reached (the caller marks it lost)."""
@@ -71,6 +87,8 @@ class ProbeConnection:
             "step_rate": round(self.step_rate, 1) if self.step_rate is not None else None,
             "connected_at": self.connected_at,
             "last_seen": self.last_seen,
+            "open_step_ms": round(self.open_step_ms, 1) if self.open_step_ms is not None else None,
+            "stuck": self.stuck_json(),
         }
 
 

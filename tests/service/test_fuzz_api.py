@@ -31,9 +31,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sidecar import config
-from sidecar.protocol import Arm, CaptureReport, Stop, SyncArm, SyncReport
+from sidecar.protocol import Answer, Arm, CaptureReport, Query, Stop, SyncArm, SyncReport
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service.keys import JOBS, REGISTRY
+from sidecar.service.keys import JOBS, QUERIES, REGISTRY
 from sidecar.service.openapi import build_document
 from sidecar.service.params import BOOLEAN_OPTIONS
 from sidecar.service.serving import JsonErrorsRunner
@@ -86,6 +86,21 @@ class AnsweringProbe(FakeWebSocket):
             self._answer(kind, msg.spec.id, "armed", steps_seen=100)
         elif isinstance(msg, Stop) and (kind := self._report.pop(msg.job_id, None)) is not None:
             self._answer(kind, msg.job_id, "failed", error=f"no step recorded before the job ended ({msg.reason})")
+        elif isinstance(msg, Query):
+            self._app[QUERIES].on_answer(self.conn, self._answer_query(msg))
+
+    @staticmethod
+    def _answer_query(query: Query) -> Answer:
+        """What a real probe of a process with no recorder, no threads and no requests would answer."""
+        if query.kind == "requests":
+            return Answer(query_id=query.query_id, kind=query.kind, data={"known": False, "requests": []})
+        if query.kind == "stacks" and query.seconds <= 0:
+            return Answer(query_id=query.query_id, kind=query.kind, data={"taken_ns": 1, "threads": []})
+        if query.kind == "stacks":
+            return Answer(query_id=query.query_id, kind=query.kind, data={
+                "seconds": query.seconds, "hz": query.hz, "samples": 0, "frames": [], "stacks": [],
+                "truncated": False})
+        return Answer(query_id=query.query_id, kind=query.kind, error="no flight recorder in this fake")
 
     def _answer(self, kind: type, job_id: str, state: str, **fields) -> None:
         task = asyncio.get_running_loop().create_task(

@@ -113,7 +113,7 @@ async def test_roles_are_data_listing_order_and_the_processes_filter(client):
         ("api_server", None), ("engine_core", None), ("scheduler", 0), ("worker", 1)]
     assert procs[2]["label"].startswith("scheduler rank 0 (pid ") and procs[2]["engine"] == "fake 1.0"
     assert set(procs[0]) == {"role", "pid", "rank", "label", "host", "cuda", "engine", "last_step", "step_rate",
-                             "connected_at", "last_seen"}
+                             "connected_at", "last_seen", "open_step_ms", "stuck"}
     resp = await client.get("/profile/start", params={"steps": "1", "processes": "gpu"})
     body = await resp.json()
     assert resp.status == 400 and body["param"] == "processes" and body["error"] == "bad_parameter"

@@ -1,0 +1,111 @@
+"""``sidecar recorder``, ``sidecar stacks``, ``sidecar requests``: the incident views from a shell.
+
+Each is one GET of the sidecar's API (docs/api.md) through ``SidecarClient``: the same answer as
+``curl``, written to a file (``-o``; gzip-compressed when the name ends in ``.gz``) or printed. An
+error of the sidecar (a bad parameter, no engine connected) is printed with its message and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import config
+from .client import SidecarClient, SidecarError
+
+
+def _url_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None, help=f"sidecar URL (default ${config.ENV_ENDPOINT} or {config.DEFAULT_ENDPOINT})")
+    p.add_argument("--processes", default=None, help="only these, e.g. worker, worker:0,engine_core")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("recorder", help="the flight recorder's last seconds of every engine process")
+    _url_arg(p)
+    p.add_argument("--seconds", type=float, default=120.0, help="how far back (default %(default)s)")
+    p.add_argument("--format", choices=("json", "trace"), default=None,
+                   help="json rows, or a Chrome/Perfetto trace (default: trace when -o names a .json.gz or "
+                        ".trace.json file, else json)")
+    p.add_argument("-o", "--output", type=Path, default=None, help="write here (.gz: compressed) instead of printing")
+    p.set_defaults(handler=_recorder)
+
+    p = subparsers.add_parser("stacks", help="the Python stack of every thread of every engine process, now")
+    _url_arg(p)
+    p.add_argument("--seconds", type=float, default=None, help="sample this long instead of one snapshot")
+    p.add_argument("--hz", type=float, default=None, help="sampling rate (default 100)")
+    p.add_argument("--format", choices=("text", "json", "speedscope"), default="text")
+    p.add_argument("--threads", choices=("all", "step"), default=None, help="sample every thread or the step thread")
+    p.add_argument("--native", action="store_true", help="native frames too, through py-spy (see docs/incidents.md)")
+    p.add_argument("-o", "--output", type=Path, default=None)
+    p.set_defaults(handler=_stacks)
+
+    p = subparsers.add_parser("requests", help="the requests in flight across the engine, oldest first")
+    p.add_argument("--url", default=None, help=f"sidecar URL (default ${config.ENV_ENDPOINT} or {config.DEFAULT_ENDPOINT})")
+    p.add_argument("--json", action="store_true", help="print the JSON answer")
+    p.set_defaults(handler=_requests)
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _write(data: bytes, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(data.decode())
+        if not data.endswith(b"\n"):
+            sys.stdout.write("\n")
+        return
+    output.write_bytes(gzip.compress(data) if output.name.endswith(".gz") else data)
+    print(f"wrote {output} ({output.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
+
+
+def _run(name: str, work) -> int:
+    try:
+        work()
+    except SidecarError as exc:
+        print(f"sidecar {name}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"sidecar {name}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _recorder(args: argparse.Namespace) -> int:
+    fmt = args.format
+    if fmt is None:
+        fmt = "trace" if args.output and args.output.name.endswith((".json.gz", ".trace.json")) else "json"
+    client = SidecarClient(args.url, timeout=60)
+    return _run("recorder", lambda: _write(
+        client.get_bytes("/recorder", _params(seconds=args.seconds, format=fmt, processes=args.processes)), args.output))
+
+
+def _stacks(args: argparse.Namespace) -> int:
+    client = SidecarClient(args.url, timeout=(args.seconds or 0) + 30)
+    params = _params(seconds=args.seconds, hz=args.hz, format=args.format, threads=args.threads,
+                     processes=args.processes, mode="native" if args.native else None)
+    return _run("stacks", lambda: _write(client.get_bytes("/stacks", params), args.output))
+
+
+def _requests(args: argparse.Namespace) -> int:
+    client = SidecarClient(args.url, timeout=30)
+
+    def work() -> None:
+        answer = client.request("GET", "/requests")
+        if args.json:
+            print(json.dumps(answer, indent=1))
+            return
+        print(f"{answer['count']} requests in flight" +
+              (f", the oldest {answer['oldest_age_s']:.1f} s old" if answer.get("oldest_age_s") is not None else ""))
+        for r in answer["requests"]:
+            print(f"  {r.get('age_s', 0):8.1f} s  {r.get('phase', '?'):<9} prompt {r.get('prompt_tokens')}, "
+                  f"output {r.get('output_tokens')}  {r.get('id')}")
+        for p in answer["processes"]:
+            if p.get("error"):
+                print(f"  ({p['process']}: {p['error']})")
+
+    return _run("requests", work)

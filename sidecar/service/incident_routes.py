@@ -1,0 +1,189 @@
+"""``/recorder``, ``/stacks`` and ``/requests``: what an on-call engineer asks of a sick engine (docs/api.md,
+docs/incidents.md).
+
+Each asks every selected engine process at once over the probe channel (queries.py) and merges the
+answers; a process that does not answer in time is listed with the reason, and the others are still
+shown, so a stuck process never makes these hang. The probes answer from their own threads, which is
+what lets ``/stacks`` show a step thread blocked inside a forward that never returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from aiohttp import web
+
+from .. import config, recorder_view, stacks_view
+from ..protocol import RECORDER_DIR
+from .keys import QUERIES, REGISTRY
+from .native_stacks import native_stacks
+from .params import ParamError, RecorderRequest, StacksRequest, parse_recorder_request, parse_stacks_request
+from .queries import Reply
+from .responses import json_error
+
+log = logging.getLogger(__name__)
+
+# How long the processes have to answer, on top of a sampling's own seconds: a snapshot of every
+# thread is asked to arrive within 2 s (issue 11); a recorder dump is a file of up to a few MiB.
+SNAPSHOT_TIMEOUT_S = 2.0
+RECORDER_TIMEOUT_S = 10.0
+REQUESTS_TIMEOUT_S = 2.0
+
+
+def _selected(request: web.Request, job_request: Any) -> list:
+    connected = request.app[REGISTRY].all()
+    if not connected:
+        raise _no_processes()
+    conns = [c for c in connected if job_request.selects(c.identity.role, c.identity.rank)]
+    if not conns:  # the engine is there: the selection is what is wrong
+        raise ParamError("processes", "selects none of the connected processes: " +
+                         ", ".join(c.identity.label for c in connected))
+    return conns
+
+
+def _no_processes() -> web.HTTPException:
+    body = json.dumps({"error": "no_engine_processes",
+                       "message": f"no engine process is connected: is the plugin installed "
+                                  f"and {config.ENV_ENDPOINT} right?"})
+    return web.HTTPServiceUnavailable(text=body, content_type="application/json")
+
+
+def _answers(replies: list[Reply], data) -> list[tuple[dict, dict | None, str | None]]:
+    return [(r.conn.to_json(), data(r) if r.answer is not None and r.error is None else None, r.error) for r in replies]
+
+
+# -- /recorder -----------------------------------------------------------------------------------------
+async def recorder(request: web.Request) -> web.StreamResponse:
+    req: RecorderRequest = parse_recorder_request(request.query, request.app[REGISTRY].roles())
+    conns = _selected(request, req)
+    until_ns = time.time_ns()
+    replies = await request.app[QUERIES].ask(conns, {"kind": "recorder", "seconds": req.seconds}, RECORDER_TIMEOUT_S)
+    loop = asyncio.get_running_loop()
+    answers = []
+    for reply in replies:
+        dump, error = None, reply.error
+        if reply.answer is not None and error is None:
+            expected = f"{reply.conn.identity.file_stem}-q{reply.answer.query_id}.json"
+            try:
+                dump = await loop.run_in_executor(None, _read_dump, reply.answer.file, expected)
+            except (OSError, ValueError) as exc:
+                error = f"its recorder dump could not be read: {exc}"
+        answers.append((reply.conn.to_json(), dump, error))
+    # Merging, converting and encoding a long recording takes seconds (nine full rings: about 10 s):
+    # off the event loop, which serves the probes' heartbeats and the other requests meanwhile.
+    data, gzipped = await loop.run_in_executor(None, _encoded_recording, answers, until_ns - int(req.seconds * 1e9),
+                                               until_ns, req.format, "gzip" in request.headers.get("Accept-Encoding", ""))
+    return web.Response(body=data, content_type="application/json",
+                        headers={"Content-Encoding": "gzip"} if gzipped else None)
+
+
+def _encoded_recording(answers: list, since_ns: int, until_ns: int, fmt: str, gzip_ok: bool) -> tuple[bytes, bool]:
+    merged = recorder_view.merge(answers, since_ns, until_ns)
+    body = recorder_view.to_chrome_trace(merged) if fmt == "trace" else merged
+    data = json.dumps(body, separators=(",", ":")).encode()
+    if gzip_ok and len(data) > 64 << 10:  # a 10-minute recording is several MiB
+        return gzip.compress(data, 5), True
+    return data, False
+
+
+def _read_dump(reported: str | None, expected_name: str) -> dict:
+    """The dump a probe wrote, read and deleted. Like a capture's raw trace (merge.py), only a file of
+    the name this query and process give, in a ``recorder`` folder: a probe's trace root may differ
+    from the sidecar's trace dir, but a report never leads the sidecar to read or delete another file."""
+    if not reported:
+        raise ValueError("the process named no file")
+    path = os.path.realpath(reported)
+    if os.path.basename(path) != expected_name or os.path.basename(os.path.dirname(path)) != RECORDER_DIR:
+        raise ValueError(f"{reported!r} is not this query's recorder dump")
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+# -- /stacks -------------------------------------------------------------------------------------------
+async def stacks(request: web.Request) -> web.StreamResponse:
+    req: StacksRequest = parse_stacks_request(request.query, request.app[REGISTRY].roles())
+    conns = _selected(request, req)
+    if req.mode == "native":
+        return await _native(request, req, conns)
+    query = {"kind": "stacks", "seconds": req.seconds, "hz": req.hz, "only_step_thread": req.threads == "step"}
+    replies = await request.app[QUERIES].ask(conns, query, req.seconds + SNAPSHOT_TIMEOUT_S)
+    answers = _answers(replies, lambda r: r.answer.data)
+    failed = [{"process": p["label"], "error": e} for p, d, e in answers if d is None]
+    if len(failed) == len(answers):
+        return json_error(502, "no_stacks", "no engine process gave its stacks: " +
+                          "; ".join(f"{f['process']}: {f['error']}" for f in failed), processes=failed)
+    if req.seconds > 0:
+        if req.format == "speedscope":  # the processes that gave nothing are named beside the profiles
+            return web.json_response({**stacks_view.to_speedscope(answers), "failed_processes": failed})
+        if req.format == "text":
+            notes = "".join(f"# {f['process']}: {f['error']}\n" for f in failed)
+            return web.Response(text=notes + stacks_view.samples_to_folded(answers))
+        return web.json_response({"seconds": req.seconds, "hz": req.hz, "processes": [
+            {"process": p, "error": e, "samples": d} for p, d, e in answers]})
+    merged = stacks_view.merge_snapshots(answers)
+    if req.format == "text":
+        return web.Response(text=stacks_view.to_text(merged))
+    return web.json_response(merged)
+
+
+async def _native(request: web.Request, req: StacksRequest, conns: list) -> web.Response:
+    if req.seconds > 0 or req.format == "speedscope":
+        return json_error(400, "bad_parameter", "mode=native takes one snapshot: no seconds, format json or text",
+                          param="mode")
+    result = await native_stacks([c.to_json() for c in conns])
+    if result.unavailable:
+        return json_error(501, "native_stacks_unavailable", result.unavailable)
+    if req.format == "text":
+        return web.Response(text=result.text)
+    return web.json_response(result.merged)
+
+
+# -- /requests -----------------------------------------------------------------------------------------
+async def requests_in_flight(request: web.Request) -> web.Response:
+    if set(request.query) - {"processes"}:
+        unknown = sorted(set(request.query) - {"processes"})[0]
+        return json_error(400, "bad_parameter", f"{unknown}: unknown parameter; known: processes", param=unknown)
+    conns = [c for c in request.app[REGISTRY].all()]
+    if not conns:
+        raise _no_processes()
+    replies = await request.app[QUERIES].ask(conns, {"kind": "requests"}, REQUESTS_TIMEOUT_S)
+    now_ns = time.time_ns()
+    rows: dict[str, dict] = {}
+    processes = []
+    for reply in replies:
+        data = reply.answer.data if reply.answer is not None and reply.error is None else None
+        known = bool(data and data.get("known"))
+        processes.append({"process": reply.conn.to_json()["label"], "knows_requests": known, "error": reply.error})
+        for row in (data or {}).get("requests", []) if known else []:
+            row = {**row, "process": reply.conn.identity.label}
+            if row.get("arrived_ns"):
+                row["age_s"] = round(max(0, now_ns - row["arrived_ns"]) / 1e9, 3)
+            rows.setdefault(str(row.get("id")), row)  # data-parallel engines: each request is in one
+    listed = sorted(rows.values(), key=lambda r: -(r.get("age_s") or 0))
+    return web.json_response({
+        "count": len(listed),
+        "oldest_age_s": listed[0].get("age_s") if listed else None,
+        "by_phase": {p: sum(1 for r in listed if r.get("phase") == p) for p in ("queued", "prefill", "decode", "preempted")},
+        "requests": listed,
+        "processes": processes,
+    })
+
+
+def add_incident_routes(app: web.Application) -> None:
+    app.add_routes([
+        web.get("/recorder", recorder),
+        web.get("/stacks", stacks),
+        web.get("/requests", requests_in_flight),
+    ])
