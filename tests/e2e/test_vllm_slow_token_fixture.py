@@ -1,0 +1,112 @@
+"""Issue 11: the slow-token fixture model (tests/fixtures/slow_token_model) on the real multi-process
+vLLM server: a prompt holding SLOW_TOKEN_ID makes one slow step, which every request in flight feels;
+HANG_TOKEN_ID holds the engine for SIDECAR_FIXTURE_HANG_S (tests/e2e/test_vllm_incidents.py examines
+that hang); the model never emits either id."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from sidecar_vllm.devtools import VllmStack
+
+
+pytestmark = pytest.mark.vllm
+GAP_JITTER_S = 0.1
+
+
+@pytest.fixture
+def slow_stack(slow_token_stack):
+    """The session's slow-token server (tests/conftest.py), shared with test_vllm_incidents.py."""
+    return slow_token_stack
+
+
+def complete(stack: VllmStack, prompt: list[int], max_tokens: int = 8, **extra) -> tuple[float, dict]:
+    """One non-streaming completion of a token-id prompt: (seconds, response body)."""
+    body = {"model": stack.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True, **extra}
+    req = urllib.request.Request(f"{stack.server_url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        out = json.loads(resp.read())
+    return time.perf_counter() - start, out
+
+
+class Stream(threading.Thread):
+    """A streaming completion in a thread, recording when each chunk arrives (perf_counter)."""
+
+    def __init__(self, stack: VllmStack, prompt: list[int], max_tokens: int) -> None:
+        super().__init__(daemon=True)
+        self.body = {"model": stack.served_name, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                     "temperature": 0.0, "ignore_eos": True}
+        self.url = f"{stack.server_url}/v1/completions"
+        self.arrivals: list[float] = []
+        self.first = threading.Event()
+        self.done = False
+
+    def run(self) -> None:
+        req = urllib.request.Request(self.url, data=json.dumps(self.body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            for raw in resp:
+                line = raw.strip()
+                if line == b"data: [DONE]":
+                    self.done = True
+                elif line.startswith(b"data:"):
+                    self.arrivals.append(time.perf_counter())
+                    self.first.set()
+
+    def gaps(self) -> list[tuple[float, float]]:
+        """(arrival of the later chunk, gap before it)."""
+        return [(b, b - a) for a, b in zip(self.arrivals, self.arrivals[1:])]
+
+
+def test_the_model_never_emits_a_trigger(slow_stack):
+    from slow_token_model import HANG_TOKEN_ID, SLOW_TOKEN_ID, SLOW_SECONDS, prompt_ids
+
+    # Even pushed by logit_bias (applied after the model's -inf mask) it stays out: had it been
+    # sampled, the next decode step would feed it and sleep.
+    bias = {str(SLOW_TOKEN_ID): 100.0, str(HANG_TOKEN_ID): 100.0}
+    elapsed, out = complete(slow_stack, prompt_ids(salt=1), max_tokens=32, logit_bias=bias, temperature=1.0)
+    tokens = out["choices"][0]["token_ids"]
+    assert len(tokens) == 32 and not {SLOW_TOKEN_ID, HANG_TOKEN_ID} & set(tokens), tokens
+    assert elapsed < SLOW_SECONDS
+
+
+def test_a_prompt_with_the_slow_token_takes_one_slow_step(slow_stack):
+    from slow_token_model import SLOW_SECONDS, SLOW_TOKEN_ID, prompt_ids
+
+    # The fastest of three: noise only ever adds time, so the difference is at least the sleep.
+    normal = min(complete(slow_stack, prompt_ids(salt=s))[0] for s in (2, 3, 8))
+    slow, out = complete(slow_stack, prompt_ids(SLOW_TOKEN_ID, salt=4))
+    assert out["choices"][0]["prompt_token_ids"][-1] == SLOW_TOKEN_ID
+    print(f"normal {normal:.3f} s, with SLOW_TOKEN_ID {slow:.3f} s")
+    assert slow - normal >= SLOW_SECONDS
+    assert slow < 2 * SLOW_SECONDS, "only the prompt's forward sleeps, not each of the 8 decode steps"
+
+
+def test_a_concurrent_stream_sees_the_slow_step(slow_stack):
+    from slow_token_model import SLOW_SECONDS, SLOW_TOKEN_ID, prompt_ids
+
+    stream = Stream(slow_stack, prompt_ids(salt=5), max_tokens=480)
+    stream.start()
+    assert stream.first.wait(30), "the stream produced no token"
+    sent = time.perf_counter()
+    slow, _ = complete(slow_stack, prompt_ids(SLOW_TOKEN_ID, salt=6))
+    stream.join(60)
+    assert stream.done and len(stream.arrivals) > 100
+    long_gaps = [(t, g) for t, g in stream.gaps() if g >= SLOW_SECONDS / 2]
+    print(f"slow request {slow:.3f} s; stream: {len(stream.arrivals)} chunks, "
+          f"long gaps {[round(g, 3) for _, g in long_gaps]}, median gap "
+          f"{statistics.median(g for _, g in stream.gaps()) * 1e3:.2f} ms")
+    assert len(long_gaps) == 1, "exactly one step was slow, for every request in it"
+    at, gap = long_gaps[0]
+    # The gap is the sleep plus one step (a few ms) at the engine; at the client the chunk before it
+    # can arrive late by the API server's own jitter (a busy 2-core host), hence the allowance.
+    assert gap >= SLOW_SECONDS - GAP_JITTER_S and sent < at < sent + slow + 1.0
