@@ -15,8 +15,9 @@ milliseconds rounded to the microsecond)::
         "capacity": rows of its step ring or null, "steps_written": steps ever recorded or null,
         "steps": [{"step", "start_ns", "end_ns", "duration_ms", "working": bool, "batch", "tokens",
                    "prefill_tokens", "decode_tokens", "running", "waiting",
-                   "gc_ms": time of the GC pauses in "gc" that ran on the step thread inside this
-                            step (null: no GC data)}],
+                   "gc_ms": time of the GC pauses in "gc" inside this step, on any thread of the
+                            process: a collection holds the GIL, so one on another thread
+                            stops the step thread's Python too (null: no GC data)}],
         "open_step": {"since_ns", "age_ms"} or null,     # a step begun and not ended at until_ns
         "gc": [{"start_ns", "duration_ms", "generation", "collected", "step_thread": bool}],
         "gc_totals": {"collections", "pause_ms", "step_thread_pause_ms", "min_pause_ms"} or null,
@@ -124,7 +125,7 @@ def _step_rows(columns: Optional[dict], gc_all: Optional[list[dict]], since_ns: 
     # Straight from the columns, window first: a full ring is 65,536 rows per process.
     rows = [dict(zip(STEP_FIELDS, values)) for values in zip(*(columns[name] for name in STEP_FIELDS))
             if values[_END] >= since_ns and values[_START] <= until_ns]
-    gc_ns = _step_thread_gc_ns(rows, gc_all) if gc_all is not None else None
+    gc_ns = _gc_ns_per_step(rows, gc_all) if gc_all is not None else None
     for j, row in enumerate(rows):
         row["duration_ms"] = _ms(row["end_ns"] - row["start_ns"])
         row["working"] = bool(row["working"])
@@ -135,8 +136,10 @@ def _step_rows(columns: Optional[dict], gc_all: Optional[list[dict]], since_ns: 
     return rows
 
 
-def _step_thread_gc_ns(steps: list[dict], pauses: list[dict]) -> list[int]:
-    """Per step (same order as ``steps``), the nanoseconds of step-thread GC pauses inside it.
+def _gc_ns_per_step(steps: list[dict], pauses: list[dict]) -> list[int]:
+    """Per step (same order as ``steps``), the nanoseconds of GC pauses inside it, whatever thread ran
+    them: the collector holds the GIL for the whole pause, so the step thread waits for one that runs
+    on another thread (the probe's, an exporter's) as soon as it needs to run Python.
 
     Steps of one process run one after another on one thread, so sorted by start they do not
     overlap, and a pause meets the step that starts at or before it and the next ones up to its
@@ -145,8 +148,6 @@ def _step_thread_gc_ns(steps: list[dict], pauses: list[dict]) -> list[int]:
     order = sorted(range(len(steps)), key=lambda j: steps[j]["start_ns"])
     starts = [steps[j]["start_ns"] for j in order]
     for pause in pauses:
-        if not pause["step_thread"]:
-            continue
         p_start = pause["start_ns"]
         p_end = p_start + pause["duration_ns"]
         k = max(0, bisect_right(starts, p_start) - 1)
