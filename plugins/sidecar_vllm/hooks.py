@@ -107,9 +107,10 @@ def _end_worker_step(probe, steps, has_work: bool, t0: int, scheduler_output) ->
     batch, tokens = len(per_request), scheduler_output.total_num_scheduled_tokens
     if probe is not None:
         if probe.ring is not None:  # the flight recorder keeps the prefill/decode split
-            # A decoding request is scheduled one token; more is a prompt (or a chunk of one). countOf
-            # runs in C over the dict's values: no list, nothing per request in Python.
-            decode = countOf(per_request.values(), 1)
+            # A decoding request is scheduled one token; more is a prompt (or a chunk of one). As many
+            # tokens as requests: all decode (most steps), no count needed. Else countOf runs in C
+            # over the dict's values: no list, nothing per request in Python.
+            decode = batch if tokens == batch else countOf(per_request.values(), 1)
             probe.step_end(has_work, batch, tokens, tokens - decode, decode)
         else:
             probe.step_end(has_work)
