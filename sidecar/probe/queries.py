@@ -7,7 +7,8 @@ waited for). That is what lets a process whose step thread is stuck inside a for
 
 A recorder dump can be larger than a channel frame, so it is written as JSON to
 ``<trace root>/recorder/<stem>-q<id>.json`` (trace_root.py) and the answer names that file; the
-sidecar reads it and deletes it. Stacks and requests travel inline.
+sidecar reads it and deletes it. One the sidecar never took (it timed out, or restarted) is deleted
+by the process's next dump. Stacks and requests travel inline.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class QueryAnswerer:
         path = self._recorder_file(query.query_id)
         dump = self._recorder_dump(query.seconds)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        _remove_older_dumps(path)
         tmp = path + ".tmp"
         try:
             with open(tmp, "w") as f:
@@ -104,3 +106,20 @@ class QueryAnswerer:
                               error=f"the answer is {size} bytes, over the channel's {MAX_INLINE_BYTES}"))
             return
         self._send(Answer(query_id=query.query_id, kind=query.kind, data=data))
+
+
+def _remove_older_dumps(path: str) -> None:
+    """Delete this process's earlier dumps that the sidecar never took (it timed out, or restarted):
+    a dump is read once, right after it is written, so an older one is of no use to anyone."""
+    folder, name = os.path.split(path)
+    prefix = name[:name.rindex("-q") + 2]
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for other in names:
+        if other.startswith(prefix) and other != name and other.endswith((".json", ".json.tmp")):
+            try:
+                os.unlink(os.path.join(folder, other))
+            except OSError:
+                pass

@@ -449,3 +449,25 @@ def test_a_huge_step_capacity_is_clamped_with_an_error(caplog):
 def test_the_step_capacity_reads_the_process_environment_by_default(monkeypatch):
     monkeypatch.setenv(ENV_RECORDER_STEPS, "123")
     assert capacity_from_environment() == 123
+
+
+def test_slowest_since_reads_only_the_steps_that_ended_since_the_last_read(monkeypatch):
+    import sidecar.flight_ring as fr
+
+    clock = iter(range(0, 10**12, 10**6))  # each clock read 1 ms after the last
+    monkeypatch.setattr(fr, "time_ns", lambda: next(clock))
+    ring = StepRing(capacity=4)
+    assert ring.slowest_since(0) == (None, None, 0)
+    for step, extra_reads in ((1, 0), (2, 5), (3, 1)):
+        ring.begin()
+        for _ in range(extra_reads):
+            next(clock)  # the step takes longer
+        ring.end(step, True)
+    ms, step, seen = ring.slowest_since(0)
+    assert (step, seen) == (2, 3) and ms == 6.0
+    assert ring.slowest_since(seen) == (None, None, 3)  # nothing new
+    for step in range(4, 10):  # more than the ring holds: the overwritten rows are skipped
+        ring.begin()
+        ring.end(step, True)
+    ms, step, seen = ring.slowest_since(3)
+    assert seen == 9 and ms == 1.0 and step in (6, 7, 8, 9)
