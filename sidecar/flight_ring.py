@@ -76,6 +76,7 @@ UNKNOWN_OUTCOME = "unknown"  # an outcome outside OUTCOMES, as dumps spell it
 
 _FIELD_BYTES = 8
 _STEP_END = STEP_FIELDS.index("end_ns")
+_STEP_HEAD = struct.Struct("=3q")  # a step row's first fields: step, start_ns, end_ns
 _REQUEST_FINISHED = REQUEST_FIELDS.index("finished_ns")
 
 
@@ -189,6 +190,24 @@ class StepRing(_PackedRows):
     def open_step(self) -> int:
         """The row index the open step will take (rows written so far), ``UNKNOWN`` when none is open."""
         return self.written if self._open_start else UNKNOWN
+
+    def slowest_since(self, index: int) -> tuple[float | None, int | None, int]:
+        """The slowest step that ended since row ``index`` (a count of ``written`` read earlier):
+        (its duration in ms, its step number, the ``written`` to pass next time); (None, None, …) when
+        no step ended. For the heartbeat (link thread), so that a rule on one slow step sees every
+        step, not only the one running at the beat: it unpacks only the new rows, not a whole dump.
+        Rows already overwritten (more than ``capacity`` steps since ``index``) are skipped."""
+        written = self.written
+        first = max(index, written - self.capacity)
+        slots, width, rows = self._slots, self._row_bytes, self._rows
+        best_ns, best_step = -1, None
+        for i in range(first, written):
+            step, start, end = _STEP_HEAD.unpack_from(rows, i % slots * width)
+            if end - start > best_ns:
+                best_ns, best_step = end - start, step
+        if best_step is None:
+            return None, None, written
+        return best_ns / 1e6, best_step, written
 
     def dump(self, since_ns: int = 0) -> dict[str, Any]:
         """The ring's rows, oldest first, those ending at or after ``since_ns``, as columns

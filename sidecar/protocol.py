@@ -191,6 +191,10 @@ class Heartbeat(_Message, tag="heartbeat", kw_only=True):
     # The watchdog fired for the running step (SIDECAR_WATCHDOG_S): {"since_ns", "step", "frames"}.
     stuck: dict[str, Any] | None = None
     in_flight: InFlight | None = None
+    # The slowest step that ended since the previous heartbeat (ms, its step number); None when no step
+    # ended. A rule on one slow step (the sidecar's triggers) sees each step once, whatever its length.
+    slowest_step_ms: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    slowest_step: Count | None = None
 
 
 class _JobReport(_Message, kw_only=True):

@@ -1,6 +1,6 @@
 """A stand-in engine process for service tests: a real Probe and real torch work in a step loop.
 
-python tests/fake_engine.py ROLE [--rank K] [--steps-then-idle N] [--step-ms MS]
+python tests/fake_engine.py ROLE [--rank K] [--steps-then-idle N] [--step-ms MS] [--slow-step-at N --slow-step-ms MS]
 """
 
 import argparse
@@ -19,6 +19,9 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=None)
     parser.add_argument("--steps-then-idle", type=int, default=None, help="take N working steps, then none")
     parser.add_argument("--step-ms", type=float, default=2.0)
+    parser.add_argument("--slow-step-at", type=int, default=None, metavar="N",
+                        help="working step N (and every later N-th) takes --slow-step-ms longer")
+    parser.add_argument("--slow-step-ms", type=float, default=1500.0)
     parser.add_argument("--planted-sync", action="store_true", help="an .item() in every step (PLANTED_LINE)")
     parser.add_argument("--hang-at-step", type=int, default=None, metavar="N",
                         help="working step N never ends: it blocks in hang_inside_a_step()")
@@ -46,6 +49,8 @@ def main() -> None:
         probe.step_begin(has_work)
         if has_work and taken + 1 == args.hang_at_step:
             hang_inside_a_step()
+        if has_work and args.slow_step_at and (taken + 1) % args.slow_step_at == 0:
+            time.sleep(args.slow_step_ms / 1000)  # a slow step, inside the step
         if has_work:
             total = (x @ x).sum()
             if args.planted_sync:

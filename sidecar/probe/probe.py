@@ -114,6 +114,10 @@ class Probe:
         if self._watch is not None:
             self._watch.install()
         self._watch_sent = -1  # the watch version the sidecar last received (-1: none since connecting)
+        # The step ring's rows the heartbeats have looked at (link thread only); None: none yet on this
+        # connection, so the first heartbeat starts from now: steps taken before it (warm-up, or while
+        # no sidecar listened) are history, which /recorder shows, not new events for a trigger.
+        self._slowest_read: int | None = None
         self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-sidecar-export")
         # The flight recorder (sidecar/flight_ring.py): always on, fixed memory. Steps in step-driven
         # processes; finished requests where the engine integration adds them (the API server).
@@ -307,9 +311,14 @@ class Probe:
         open_step_ms = None
         if self.ring is not None and (since := self.ring.open_since_ns):
             open_step_ms = max(0.0, (time.time_ns() - since) / 1e6)
+        slowest_ms = slowest_step = None
+        if self.ring is not None:
+            if self._slowest_read is None:
+                self._slowest_read = self.ring.written
+            slowest_ms, slowest_step, self._slowest_read = self.ring.slowest_since(self._slowest_read)
         stuck = self.watchdog.check() if self.watchdog is not None else None
         return Heartbeat(steps=self.steps, sync_watch=sync_watch, open_step_ms=open_step_ms, stuck=stuck,
-                         in_flight=self._in_flight_summary())
+                         in_flight=self._in_flight_summary(), slowest_step_ms=slowest_ms, slowest_step=slowest_step)
 
     def _in_flight_summary(self) -> InFlight | None:
         if self._in_flight is None:
@@ -344,6 +353,7 @@ class Probe:
 
     def _on_disconnect(self) -> None:
         self._watch_sent = -1  # a new sidecar (or the same, restarted) needs the report again
+        self._slowest_read = None
         capture = self._capture
         if capture is not None:
             capture.request_stop("sidecar disconnected")

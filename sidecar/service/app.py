@@ -20,8 +20,8 @@ from .engine_state_metrics import EngineStateCollector
 from .incident_routes import add_incident_routes
 from .captures import Capture, CaptureManager
 from .job_board import JobBoard
-from .keys import CAPTURES, JOBS, REGISTRY, SCANS, SETTINGS
-from .metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, add_metrics_routes
+from .keys import CAPTURES, JOBS, QUERIES, REGISTRY, SCANS, SETTINGS, TRIGGERS
+from .metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, PUSH_LISTENERS, add_metrics_routes
 from .openapi import OPENAPI_PATH, openapi_json
 from .params import ParamError
 from .probe_channel import add_probe_channel
@@ -31,6 +31,8 @@ from .scan_routes import add_scan_routes
 from .scans import ScanManager
 from .settings import ServiceSettings
 from .sync_findings import SyncFindings, WatchCollector
+from .trigger_routes import add_trigger_routes
+from .triggers import Triggers
 
 __all__ = ["ServiceSettings", "make_app"]
 
@@ -109,6 +111,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
 
     async def lifecycle(app: web.Application):
         yield
+        await app[TRIGGERS].close()
         await board.close()
         for ws in [c.ws for c in registry.all()]:
             await ws.close()
@@ -122,4 +125,12 @@ def make_app(settings: ServiceSettings) -> web.Application:
     # The API's OpenAPI document (docs/api.md, "OpenAPI"); behind the token like every endpoint but /healthz.
     app.router.add_get(OPENAPI_PATH, openapi_json)
     add_probe_channel(app)
+    # Triggers see each heartbeat and metrics push as it arrives (triggers.py).
+    triggers = Triggers(registry=registry, captures=app[CAPTURES], scans=app[SCANS], queries=app[QUERIES],
+                        trace_dir=settings.trace_dir, metrics=app[METRICS_REGISTRY])
+    for rule in settings.triggers:
+        triggers.add(rule)
+    app[TRIGGERS] = triggers
+    app[PUSH_LISTENERS].append(triggers.observe_push)
+    add_trigger_routes(app)
     return app

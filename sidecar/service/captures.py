@@ -64,6 +64,7 @@ class Capture(Job):
     headline: str | None = None
     summary_file: str | None = None
     window_stop_sent: bool = False
+    trigger: dict[str, Any] | None = None  # the trigger firing that started it (triggers.py); None: a user did
 
     def spec(self) -> CaptureSpec:
         r = self.request

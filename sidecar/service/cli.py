@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default %(default)s)")
     p.add_argument("--min-free-mb", type=int, default=config.DEFAULT_MIN_FREE_MB,
                    help="refuse a capture (HTTP 507) while the trace dir's disk has less free (default %(default)s MiB)")
+    p.add_argument("--triggers", type=Path, default=None, metavar="FILE",
+                   help="trigger rules to install at start: a JSON list (docs/api.md, Triggers)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=_serve)
 
@@ -68,6 +70,21 @@ def _listening(trace_dir: Path) -> Callable[[Sequence[tuple]], None]:
     return announce
 
 
+def _trigger_rules(path: Path | None, max_steps: int) -> list:
+    """The rules of ``--triggers FILE``; ValueError naming the file and ``rules[i].field``."""
+    from .params import ParamError
+    from .trigger_rules import parse_rules_file
+
+    if path is None:
+        return []
+    try:
+        return parse_rules_file(path.read_text(encoding="utf-8"), max_steps)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--triggers {path}: cannot be read: {exc}") from None
+    except ParamError as exc:
+        raise ValueError(f"--triggers {path}: {exc.param}: {exc.message}") from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .app import ServiceSettings, make_app
     from .serving import serve
@@ -92,6 +109,11 @@ def _serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # ValueError: a token file that holds no usable token
         print(f"sidecar serve: {exc}", file=sys.stderr)
         return 2
+    try:
+        triggers = _trigger_rules(args.triggers, args.max_steps)
+    except ValueError as exc:
+        print(f"sidecar serve: {exc}", file=sys.stderr)
+        return 2
     settings = ServiceSettings(
         trace_dir=args.trace_dir.resolve(),
         probe_token=probe_token,
@@ -101,6 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         keep=args.keep,
         keep_bytes=args.keep_mb * 2**20,
         min_free_bytes=args.min_free_mb * 2**20,
+        triggers=tuple(triggers),
     )
     # Not web.run_app: serving.serve answers in JSON even what aiohttp's HTTP parser refuses.
     serve(make_app(settings), args.host, args.port, _listening(settings.trace_dir))

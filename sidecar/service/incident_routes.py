@@ -13,26 +13,24 @@ import asyncio
 import gzip
 import json
 import logging
-import os
 import time
 from typing import Any
 
 from aiohttp import web
 
 from .. import config, recorder_view, stacks_view
-from ..protocol import RECORDER_DIR
 from .keys import QUERIES, REGISTRY
 from .native_stacks import native_stacks
 from .params import ParamError, RecorderRequest, StacksRequest, parse_recorder_request, parse_stacks_request
 from .queries import Reply
+from .recorder_dump import gather_recording
 from .responses import json_error
 
 log = logging.getLogger(__name__)
 
 # How long the processes have to answer, on top of a sampling's own seconds: a snapshot of every
-# thread is asked to arrive within 2 s (issue 11); a recorder dump is a file of up to a few MiB.
+# thread is asked to arrive within 2 s (issue 11).
 SNAPSHOT_TIMEOUT_S = 2.0
-RECORDER_TIMEOUT_S = 10.0
 REQUESTS_TIMEOUT_S = 2.0
 
 
@@ -62,23 +60,12 @@ def _answers(replies: list[Reply], data) -> list[tuple[dict, dict | None, str | 
 async def recorder(request: web.Request) -> web.StreamResponse:
     req: RecorderRequest = parse_recorder_request(request.query, request.app[REGISTRY].roles())
     conns = _selected(request, req)
-    until_ns = time.time_ns()
-    replies = await request.app[QUERIES].ask(conns, {"kind": "recorder", "seconds": req.seconds}, RECORDER_TIMEOUT_S)
+    answers, since_ns, until_ns = await gather_recording(request.app[QUERIES], conns, req.seconds)
     loop = asyncio.get_running_loop()
-    answers = []
-    for reply in replies:
-        dump, error = None, reply.error
-        if reply.answer is not None and error is None:
-            expected = f"{reply.conn.identity.file_stem}-q{reply.answer.query_id}.json"
-            try:
-                dump = await loop.run_in_executor(None, _read_dump, reply.answer.file, expected)
-            except (OSError, ValueError) as exc:
-                error = f"its recorder dump could not be read: {exc}"
-        answers.append((reply.conn.to_json(), dump, error))
     # Merging, converting and encoding a long recording takes seconds (nine full rings: about 10 s):
     # off the event loop, which serves the probes' heartbeats and the other requests meanwhile.
-    data, gzipped = await loop.run_in_executor(None, _encoded_recording, answers, until_ns - int(req.seconds * 1e9),
-                                               until_ns, req.format, "gzip" in request.headers.get("Accept-Encoding", ""))
+    data, gzipped = await loop.run_in_executor(None, _encoded_recording, answers, since_ns, until_ns, req.format,
+                                               "gzip" in request.headers.get("Accept-Encoding", ""))
     return web.Response(body=data, content_type="application/json",
                         headers={"Content-Encoding": "gzip"} if gzipped else None)
 
@@ -90,25 +77,6 @@ def _encoded_recording(answers: list, since_ns: int, until_ns: int, fmt: str, gz
     if gzip_ok and len(data) > 64 << 10:  # a 10-minute recording is several MiB
         return gzip.compress(data, 5), True
     return data, False
-
-
-def _read_dump(reported: str | None, expected_name: str) -> dict:
-    """The dump a probe wrote, read and deleted. Like a capture's raw trace (merge.py), only a file of
-    the name this query and process give, in a ``recorder`` folder: a probe's trace root may differ
-    from the sidecar's trace dir, but a report never leads the sidecar to read or delete another file."""
-    if not reported:
-        raise ValueError("the process named no file")
-    path = os.path.realpath(reported)
-    if os.path.basename(path) != expected_name or os.path.basename(os.path.dirname(path)) != RECORDER_DIR:
-        raise ValueError(f"{reported!r} is not this query's recorder dump")
-    try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 # -- /stacks -------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from .queries import QueryBroker
 from .registry import ProbeRegistry
 from .scans import ScanManager
 from .settings import ServiceSettings
+from .triggers import Triggers
 
 SETTINGS = web.AppKey("settings", ServiceSettings)
 REGISTRY = web.AppKey("registry", ProbeRegistry)
@@ -17,3 +18,4 @@ JOBS = web.AppKey("jobs", JobBoard)
 CAPTURES = web.AppKey("captures", CaptureManager)
 SCANS = web.AppKey("scans", ScanManager)
 QUERIES = web.AppKey("queries", QueryBroker)
+TRIGGERS = web.AppKey("triggers", Triggers)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from typing import Callable
 
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -45,7 +46,7 @@ from .metrics_store import DEFAULT_STALE_AFTER_S, Drop, MetricsStore, exposed_na
 from .otlp_translation import DROP_REASONS
 from .responses import json_error
 
-__all__ = ["CAPTURE_METRICS", "METRICS_REGISTRY", "METRICS_STORE", "PUSH_TOKEN", "SCRAPE_PATH", "CaptureMetrics",
+__all__ = ["CAPTURE_METRICS", "METRICS_REGISTRY", "METRICS_STORE", "PUSH_LISTENERS", "PUSH_TOKEN", "SCRAPE_PATH", "CaptureMetrics",
            "MetricsStore", "add_metrics_routes"]
 
 SCRAPE_PATH = "/metrics"
@@ -59,6 +60,9 @@ METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 CAPTURE_METRICS = web.AppKey("capture_metrics", CaptureMetrics)
 PUSH_TOKEN = web.AppKey("metrics_push_token", str)
 PUSH_DROPS = web.AppKey("metrics_push_drops", Counter)
+# Told of each push taken, with when it arrived (time.monotonic()): the triggers' percentile rules.
+PushListener = Callable[[ExportMetricsServiceRequest, float], None]
+PUSH_LISTENERS = web.AppKey("metrics_push_listeners", list)
 
 
 class SeenSignatures:
@@ -113,6 +117,7 @@ async def _read_body(request: web.Request, encoding: str) -> bytes:
 
 
 async def receive_metrics(request: web.Request) -> web.Response:
+    arrived = time.monotonic()
     token = request.app.get(PUSH_TOKEN)
     now = time.time()
     stamp, signature = request.headers.get(auth.TIMESTAMP_HEADER), request.headers.get(auth.SIGNATURE_HEADER)
@@ -146,6 +151,8 @@ async def receive_metrics(request: web.Request) -> web.Response:
     drops = request.app[METRICS_STORE].ingest(message, reserved=exposed_names(registry))
     for drop in drops:
         request.app[PUSH_DROPS].labels(reason=drop.reason).inc()
+    for listener in request.app[PUSH_LISTENERS]:
+        listener(message, arrived)
     answer = ExportMetricsServiceResponse()
     if drops:  # OTLP's way to say "taken, but not all of it"
         answer.partial_success.CopyFrom(_partial_success(drops))
@@ -177,6 +184,7 @@ def add_metrics_routes(app: web.Application, *, push_token: str | None = None,
     for reason in DROP_REASONS:  # every reason from 0, so that rate() has a start
         drops.labels(reason=reason)
     app[PUSH_DROPS] = drops
+    app[PUSH_LISTENERS] = []
     if push_token:
         app[PUSH_TOKEN] = push_token
         app[SEEN_SIGNATURES] = SeenSignatures()

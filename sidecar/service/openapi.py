@@ -24,6 +24,7 @@ from .params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFA
                      MIN_STACK_HZ, RECORDER_FORMATS, SCAN_KNOWN, STACK_MODES, STACKS_FORMATS, STACKS_MODES,
                      STACKS_THREADS, known_roles)
 from ..protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
+from . import trigger_rules as tr
 from .request_body import FORM, JSON, MULTIPART
 
 __all__ = ["OPENAPI_PATH", "OPERATIONS", "build_document", "id_pattern", "openapi_json"]
@@ -144,6 +145,28 @@ def _processes_query() -> dict[str, Any]:
 
 _INCIDENT_ERRORS = {"400": _error("bad_parameter naming the parameter (param)"), "503": _error("no_engine_processes")}
 
+TRIGGER_ID_PATTERN = "^trg-[0-9a-f]{8}$"
+_TRIGGER_RULE = {
+    "type": "object", "required": ["metric", "threshold_ms"], "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": tr.MAX_NAME},
+        "metric": {"type": "string", "enum": list(tr.METRICS)},
+        "threshold_ms": {"type": "number", "exclusiveMinimum": 0, "maximum": tr.MAX_THRESHOLD_MS},
+        "percentile": {"type": "number", "minimum": tr.MIN_PERCENTILE, "maximum": tr.MAX_PERCENTILE,
+                       "description": "absent: a single event (step_duration only)"},
+        "window_s": {"type": "number", "minimum": tr.MIN_WINDOW_S, "maximum": tr.MAX_WINDOW_S,
+                     "default": tr.DEFAULT_WINDOW_S},
+        "min_count": {"type": "integer", "minimum": 1, "maximum": tr.MAX_MIN_COUNT, "default": tr.DEFAULT_MIN_COUNT},
+        "action": {"type": "object", "additionalProperties": False, "properties": {
+            "capture_steps": {"type": "integer", "minimum": 0, "default": tr.DEFAULT_CAPTURE_STEPS},
+            "recorder_seconds": {"type": "number", "minimum": 0, "maximum": MAX_QUERY_SECONDS,
+                                 "default": tr.DEFAULT_RECORDER_SECONDS},
+            "sync_scan": {"type": "boolean", "default": False}}},
+        "cooldown_s": {"type": "number", "minimum": 1, "maximum": tr.MAX_COOLDOWN_S, "default": tr.DEFAULT_COOLDOWN_S},
+        "budget_per_hour": {"type": "integer", "minimum": 1, "maximum": tr.MAX_BUDGET, "default": tr.DEFAULT_BUDGET},
+    },
+}
+
 # (method, path) -> the operation: summary, responses, and where it differs from the rest: "params" (the
 # start parameters it takes), "path" (path parameters), "security" (none: the routes with their own).
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
@@ -200,6 +223,21 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "every request in flight across the engine: age, phase, tokens so far",
         "responses": {"200": _ok("the requests", ["count", "oldest_age_s", "by_phase", "requests", "processes"]),
                       **_INCIDENT_ERRORS}},
+    ("POST", "/triggers"): {
+        "summary": "add a trigger: a rule on TTFT, TPOT, request duration, queue time or step duration that "
+                   "captures the engine when breached (docs/api.md, Triggers)",
+        "body": {"required": True, "content": {"application/json": {"schema": _TRIGGER_RULE}}},
+        "responses": {"201": _ok("the trigger, with its id", ["id", "rule", "counts", "firings"]),
+                      "400": _error("bad_parameter naming the field (param), e.g. action.capture_steps"),
+                      "415": _error("unsupported_media_type: send JSON")}},
+    ("GET", "/triggers"): {"summary": "the triggers", "responses": {"200": _ok("the triggers", ["triggers"])}},
+    ("GET", "/triggers/{id}"): {"summary": "a trigger, with its last firings (newest first)",
+                                "path": [_path_param("id", TRIGGER_ID_PATTERN)],
+                                "responses": {"200": _ok("the trigger", ["id", "rule", "counts", "firings"]),
+                                              "404": _error("no such trigger")}},
+    ("DELETE", "/triggers/{id}"): {"summary": "remove a trigger", "path": [_path_param("id", TRIGGER_ID_PATTERN)],
+                                   "responses": {"200": _ok("deleted", ["deleted"]),
+                                                 "404": _error("no such trigger")}},
     ("GET", "/processes"): {"summary": "the connected engine processes", "responses": {
         "200": _ok("the processes", ["processes"])}},
     ("GET", "/healthz"): {"summary": "health (no token needed)", "security": [], "responses": {

@@ -32,7 +32,7 @@ from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, Answer, CaptureReport, Cha
 from .job_board import JobBoard
 from .keys import JOBS, QUERIES, REGISTRY, SETTINGS
 from .queries import QueryBroker
-from .registry import ProbeConnection
+from .registry import ProbeConnection, ProbeRegistry
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ async def _session(request: web.Request, ws: web.WebSocketResponse) -> None:
     conn = app[REGISTRY].add(hello.process, ws)
     log.info("probe connected: %s", conn.identity.label)
     try:
-        await _serve(ws, conn, app[JOBS], app[QUERIES])
+        await _serve(ws, conn, app[REGISTRY], app[JOBS], app[QUERIES])
     finally:
         app[REGISTRY].remove(conn)
         log.info("probe disconnected: %s", conn.identity.label)
@@ -131,7 +131,8 @@ async def _authenticate(ws: web.WebSocketResponse, hello: Hello, token: str, pee
     return False
 
 
-async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, jobs: JobBoard, queries: QueryBroker) -> None:
+async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, registry: ProbeRegistry, jobs: JobBoard,
+                 queries: QueryBroker) -> None:
     dropped = 0
     async for frame in ws:
         if frame.type != WSMsgType.TEXT:
@@ -146,7 +147,7 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, jobs: JobBoar
             (log.warning if dropped == 1 else log.debug)("probe %s: message dropped: %s", conn.identity.label, exc)
             continue
         if isinstance(msg, Heartbeat):
-            conn.observe_heartbeat(msg, time.time())
+            registry.observe_heartbeat(conn, msg, time.time())
         elif isinstance(msg, (CaptureReport, SyncReport)):
             await jobs.on_report(conn, msg)
         elif isinstance(msg, Answer):

@@ -6,7 +6,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -33,6 +33,9 @@ class ProbeConnection:
     open_step_ms: float | None = None  # how long its running step had run at the last heartbeat
     stuck: dict[str, Any] | None = None  # its watchdog's report while a step runs over the threshold
     in_flight: InFlight | None = None  # the requests it knows in flight (the engine core)
+    # The slowest step that ended between its last two heartbeats (ms, step number); None: none ended.
+    slowest_step_ms: float | None = None
+    slowest_step: int | None = None
     # (count, when received): what the next rate is measured from.
     _baseline: tuple[int, float] | None = field(default=None, init=False, repr=False)
 
@@ -56,6 +59,7 @@ class ProbeConnection:
         if beat.sync_watch is not None:
             self.sync_watch = beat.sync_watch
         self.open_step_ms, self.stuck, self.in_flight = beat.open_step_ms, beat.stuck, beat.in_flight
+        self.slowest_step_ms, self.slowest_step = beat.slowest_step_ms, beat.slowest_step
 
     def stuck_json(self) -> dict[str, Any] | None:
         """The watchdog's report without its frames (``/healthz``, ``/processes``); None when not stuck."""
@@ -92,10 +96,28 @@ class ProbeConnection:
         }
 
 
+HeartbeatListener = Callable[[ProbeConnection, float], None]
+
+
 class ProbeRegistry:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._probes: dict[int, ProbeConnection] = {}
+        self._listeners: list[HeartbeatListener] = []
+
+    def on_heartbeat(self, listener: HeartbeatListener) -> None:
+        """Call ``listener(conn, arrived)`` after each heartbeat is taken (``arrived``: ``time.monotonic()``
+        when it was), on the event loop: how the triggers see a slow step the moment it is reported."""
+        self._listeners.append(listener)
+
+    def observe_heartbeat(self, conn: ProbeConnection, beat: Heartbeat, now: float) -> None:
+        arrived = time.monotonic()
+        conn.observe_heartbeat(beat, now)
+        for listener in self._listeners:
+            try:
+                listener(conn, arrived)
+            except Exception:  # a listener's fault must not cut the probe's connection
+                log.exception("heartbeat listener failed")
 
     def add(self, identity: ProcessIdentity, ws: web.WebSocketResponse) -> ProbeConnection:
         conn = ProbeConnection(next(self._ids), identity, ws)

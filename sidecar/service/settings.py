@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .disk_space import MIN_FREE_BYTES
 from .job_manager import STOP_GRACE_S
@@ -20,3 +21,4 @@ class ServiceSettings:
     keep_bytes: int | None = None  # and at most this many bytes of them on disk, per kind (None: no bound)
     min_free_bytes: int = MIN_FREE_BYTES  # a capture is refused (507) below this much free space
     stop_grace_s: float = STOP_GRACE_S  # how long stopped processes get to report before they count as lost
+    triggers: tuple[Any, ...] = ()  # TriggerRule: installed at start (sidecar serve --triggers FILE)

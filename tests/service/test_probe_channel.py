@@ -169,8 +169,8 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
         await asyncio.sleep(0.02)
     assert status["state"] == "done", status
     assert list(status) == ["id", "state", "reason", "notes", "steps", "start_step", "delay", "created_at",
-                            "finished_at", "headline", "trace", "trace_bytes", "summary", "processes", "files",
-                            "options"]
+                            "finished_at", "headline", "trace", "trace_bytes", "summary", "processes", "trigger",
+                            "files", "options"]
     assert status["trace"] == f"/profile/{capture_id}/trace" and status["start_step"] == 14 and status["delay"] == 2
     stem = worker.identity.file_stem
     assert status["files"][f"{stem}.pt.trace.json.gz"] == f"/profile/{capture_id}/files/{stem}.pt.trace.json.gz"
