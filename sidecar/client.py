@@ -28,32 +28,21 @@ class SidecarClient:
         self.timeout = timeout
 
     def request(self, method: str, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A call whose answer is JSON, decoded."""
+        return json.loads(self.call(method, path, params) or b"{}")
+
+    def get_bytes(self, path: str, params: dict[str, Any] | None = None) -> bytes:
+        """A GET whose body is returned as it is (text, or JSON to be written to a file)."""
+        return self.call("GET", path, params)
+
+    def call(self, method: str, path: str, params: dict[str, Any] | None = None) -> bytes:
+        """The body of the answer; an HTTP error is ``SidecarError`` with the sidecar's JSON body."""
         import urllib.error  # imported here: every `sidecar` sub-command loads this module to register
         import urllib.parse
         import urllib.request
 
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
         req = urllib.request.Request(self.url + path + query, method=method)
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            try:
-                body = json.loads(exc.read() or b"{}")
-            except ValueError:
-                body = {"message": exc.reason}
-            raise SidecarError(exc.code, body) from None
-
-    def get_bytes(self, path: str, params: dict[str, Any] | None = None) -> bytes:
-        """A GET whose body is returned as it is (text, or JSON to be written to a file)."""
-        import urllib.error
-        import urllib.parse
-        import urllib.request
-
-        query = ("?" + urllib.parse.urlencode(params)) if params else ""
-        req = urllib.request.Request(self.url + path + query)
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
