@@ -6,10 +6,20 @@ import gzip
 import json
 from pathlib import Path
 
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sidecar.service import triggers as triggers_module
 from test_service import engines, settings, sidecar, wait_final, wait_processes  # noqa: F401 (fixtures)
 
 
-async def test_a_slow_step_fires_a_step_rule(sidecar, engines):
+async def test_a_slow_step_fires_a_step_rule(sidecar, engines, monkeypatch):
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    # The sidecar's tracer is the global one; this test's own provider stands in for it.
+    monkeypatch.setattr(triggers_module.trace, "get_tracer", lambda *a, **k: provider.get_tracer("test"))
     client = await sidecar()
     resp = await client.post("/triggers", json={"metric": "step_duration", "threshold_ms": 300, "cooldown_s": 60,
                                                 "action": {"capture_steps": 3, "recorder_seconds": 30}})
@@ -48,6 +58,15 @@ async def test_a_slow_step_fires_a_step_rule(sidecar, engines):
     assert body["counts"]["fired"] == 1
     metrics = await (await client.get("/metrics")).text()
     assert f'sidecar_trigger_firings_total{{outcome="fired",trigger="{trigger["id"]}"}} 1.0' in metrics
+    # One span per firing and per skipped breach, with what was seen and what it started.
+    by_outcome = {s.attributes["sidecar.trigger.outcome"]: s for s in spans.get_finished_spans()
+                  if s.name == triggers_module.SPAN_NAME}
+    assert set(by_outcome) == {"fired", "skipped"}
+    fired_span = by_outcome["fired"].attributes
+    assert fired_span["sidecar.trigger.id"] == trigger["id"] and fired_span["sidecar.trigger.capture"] == firing["capture"]
+    assert fired_span["sidecar.trigger.observed_ms"] == firing["observed_ms"]
+    assert fired_span["sidecar.trigger.threshold_ms"] == 300.0 and fired_span["sidecar.trigger.metric"] == "step_duration"
+    assert by_outcome["skipped"].attributes["sidecar.trigger.reason"] == "cooldown"
     listed = await (await client.get("/triggers")).json()
     assert [t["id"] for t in listed["triggers"]] == [trigger["id"]]
     assert (await client.delete(f"/triggers/{trigger['id']}")).status == 200
