@@ -157,3 +157,56 @@ async def test_a_process_that_does_not_answer_is_named_and_the_others_still_show
     assert time.monotonic() - t0 < 1.0
     assert [r.error for r in replies] == ["no answer within 0.3 s", "the process could not be reached"]
     assert mute.sent[0].kind == "stacks" and not broker._pending
+
+
+async def test_native_stacks_without_py_spy_say_so(sidecar, engines, monkeypatch):
+    from sidecar.service import native_stacks
+
+    monkeypatch.setattr(native_stacks.shutil, "which", lambda name: None)
+    client = await sidecar()
+    engines(client.url, "worker", "--rank", "0")
+    await wait_processes(client, 1)
+    resp = await client.get("/stacks", params={"mode": "native"})
+    body = await resp.json()
+    assert resp.status == 501 and body["error"] == "native_stacks_unavailable" and "pip install py-spy" in body["message"]
+    resp = await client.get("/stacks", params={"mode": "native", "seconds": "1"})
+    assert resp.status == 400 and (await resp.json())["param"] == "mode"
+
+
+async def test_native_stacks_name_a_process_py_spy_cannot_read(sidecar, engines, monkeypatch, tmp_path):
+    """py-spy present but refused (no ptrace permission): every process named with py-spy's own reason."""
+    from sidecar.service import native_stacks
+
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\necho 'Permission Denied: Try running again with elevated permissions' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(native_stacks.shutil, "which", lambda name: str(fake))
+    client = await sidecar()
+    engines(client.url, "worker", "--rank", "0")
+    await wait_processes(client, 1)
+    resp = await client.get("/stacks", params={"mode": "native"})
+    body = await resp.json()
+    assert resp.status == 501 and "Permission Denied" in body["message"] and "ptrace" in body["message"]
+
+
+async def test_native_stacks_show_the_native_frames_under_a_blocked_step(sidecar, engines, monkeypatch):
+    """With py-spy (a test dependency) and ptrace allowed, as on this host: every process's threads, native
+    frames included, the blocked step's Python frame among them."""
+    import os
+    import sys
+
+    # py-spy is installed beside this Python (the venv's bin), which the sidecar's PATH may not list.
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    client = await sidecar()
+    engines(client.url, "worker", "--rank", "0", "--hang-at-step", "3")
+    await wait_processes(client, 1)
+    await asyncio.sleep(0.5)
+    resp = await client.get("/stacks", params={"mode": "native"})
+    assert resp.status == 200, await resp.text()
+    (proc,) = (await resp.json())["processes"]
+    assert proc["error"] is None
+    names = [f["name"] for t in proc["threads"] for f in t["frames"]]
+    assert "hang_inside_a_step" in names, names
+    assert any(not f.get("filename", "").endswith(".py") for t in proc["threads"] for f in t["frames"])  # native ones
+    text = await (await client.get("/stacks", params={"mode": "native", "format": "text"})).text()
+    assert "hang_inside_a_step" in text
