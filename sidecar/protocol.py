@@ -16,10 +16,11 @@ registers the probe (wrong: close code ``CLOSE_REFUSED``).
 probe → sidecar
   hello      {protocol, process: ProcessIdentity, nonce}
   proof      {proof}                               HMAC("probe", sidecar nonce, probe nonce)
-  heartbeat  {steps, sync_watch?, open_step_ms?, stuck?, in_flight?}
+  heartbeat  {steps, sync_watch?, open_step_ms?, stuck?, in_flight?, slowest_step_ms?, slowest_step?}
                                                    working steps so far; the watch report when changed;
                                                    how long the running step has run; the watchdog's
-                                                   report; the requests this process knows in flight
+                                                   report; the requests this process knows in flight;
+                                                   the slowest step ended since the last heartbeat
   capture    {job_id, state, steps_recorded, steps_seen?, first_step?, file?, bytes, stacks,
               stacks_file?, stack_summary?, error?, stop_reason?}
   sync       {job_id, state, steps_recorded, steps_seen?, first_step?, treat_cpu_as_device, sites?,
