@@ -18,6 +18,7 @@ _COMMAND_MODULES = {
     "recorder": "sidecar.incident_cli",
     "stacks": "sidecar.incident_cli",
     "requests": "sidecar.incident_cli",
+    "triggers": "sidecar.incident_cli",
     "analyze": "sidecar.analysis.cli",
     "make-model": "sidecar.devtools.local_model",
 }

@@ -35,14 +35,18 @@ class SidecarClient:
         """A GET whose body is returned as it is (text, or JSON to be written to a file)."""
         return self.call("GET", path, params)
 
-    def call(self, method: str, path: str, params: dict[str, Any] | None = None) -> bytes:
-        """The body of the answer; an HTTP error is ``SidecarError`` with the sidecar's JSON body."""
+    def call(self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None) -> bytes:
+        """The body of the answer; an HTTP error is ``SidecarError`` with the sidecar's JSON body.
+        ``body``: sent as JSON."""
         import urllib.error  # imported here: every `sidecar` sub-command loads this module to register
         import urllib.parse
         import urllib.request
 
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
-        req = urllib.request.Request(self.url + path + query, method=method)
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path + query, method=method, data=data)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:

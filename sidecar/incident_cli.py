@@ -1,4 +1,5 @@
-"""``sidecar recorder``, ``sidecar stacks``, ``sidecar requests``: the incident views from a shell.
+"""``sidecar recorder``, ``sidecar stacks``, ``sidecar requests``, ``sidecar triggers``: the incident views
+and the triggers from a shell.
 
 Each is one GET of the sidecar's API (docs/api.md) through ``SidecarClient``: the same answer as
 ``curl``, written to a file (``-o``; gzip-compressed when the name ends in ``.gz``) or printed. An
@@ -42,6 +43,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--native", action="store_true", help="native frames too, through py-spy (see docs/incidents.md)")
     p.add_argument("-o", "--output", type=Path, default=None)
     p.set_defaults(handler=_stacks)
+
+    p = subparsers.add_parser("triggers", help="list, add or delete the rules by which a slow server captures itself")
+    p.add_argument("--url", default=None, help=f"sidecar URL (default ${config.ENV_ENDPOINT} or {config.DEFAULT_ENDPOINT})")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--add", type=Path, metavar="FILE", help="add the rules in FILE (one JSON rule, or a list)")
+    action.add_argument("--delete", metavar="ID", help="delete this trigger")
+    action.add_argument("--show", metavar="ID", help="one trigger with its last firings (JSON)")
+    p.set_defaults(handler=_triggers)
 
     p = subparsers.add_parser("requests", help="the requests in flight across the engine, oldest first")
     p.add_argument("--url", default=None, help=f"sidecar URL (default ${config.ENV_ENDPOINT} or {config.DEFAULT_ENDPOINT})")
@@ -109,3 +118,32 @@ def _requests(args: argparse.Namespace) -> int:
                 print(f"  ({p['process']}: {p['error']})")
 
     return _run("requests", work)
+
+
+def _triggers(args: argparse.Namespace) -> int:
+    client = SidecarClient(args.url, timeout=30)
+
+    def work() -> None:
+        if args.add is not None:
+            rules = json.loads(args.add.read_text())
+            for rule in rules if isinstance(rules, list) else [rules]:
+                added = json.loads(client.call("POST", "/triggers", body=rule))
+                print(f"added {added['id']}: {added['rule']['name']}")
+        elif args.delete is not None:
+            client.call("DELETE", f"/triggers/{args.delete}")
+            print(f"deleted {args.delete}")
+        elif args.show is not None:
+            print(json.dumps(client.request("GET", f"/triggers/{args.show}"), indent=1))
+        else:
+            listed = client.request("GET", "/triggers")["triggers"]
+            print(f"{len(listed)} triggers")
+            for t in listed:
+                counts = t.get("counts", {})
+                print(f"  {t['id']}  {t['rule']['name']}  fired {counts.get('fired', 0)}, "
+                      f"skipped {counts.get('skipped', 0)}")
+
+    try:
+        return _run("triggers", work)
+    except ValueError as exc:  # the rules file is not JSON
+        print(f"sidecar triggers: {args.add}: {exc}", file=sys.stderr)
+        return 2

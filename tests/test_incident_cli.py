@@ -79,3 +79,45 @@ def test_an_unreachable_sidecar_is_a_message_and_exit_2(capsys):
     args = parse("requests", "--url", "http://127.0.0.1:9")
     assert args.handler(args) == 2
     assert "sidecar requests:" in capsys.readouterr().err
+
+
+def test_triggers_add_list_show_delete(monkeypatch, capsys, tmp_path):
+    calls = []
+    rule = {"metric": "step_duration", "threshold_ms": 1000}
+    trigger = {"id": "trg-1", "rule": {"name": "step_duration step > 1000 ms"}, "counts": {"fired": 2, "skipped": 1}}
+
+    def call(self, method, path, params=None, body=None):
+        calls.append((method, path, body))
+        if method == "GET" and path == "/triggers":
+            return json.dumps({"triggers": [trigger]}).encode()
+        if method == "DELETE":
+            return b'{"deleted": "trg-1"}'
+        return json.dumps(trigger).encode()
+
+    monkeypatch.setattr(SidecarClient, "call", call)
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps([rule, {**rule, "threshold_ms": 2000}]))
+    for argv, out in [(("--add", str(rules)), "added trg-1: step_duration step > 1000 ms"),
+                      ((), "  trg-1  step_duration step > 1000 ms  fired 2, skipped 1"),
+                      (("--show", "trg-1"), '"id": "trg-1"'),
+                      (("--delete", "trg-1"), "deleted trg-1")]:
+        args = parse("triggers", "--url", "http://127.0.0.1:9", *argv)
+        assert args.handler(args) == 0
+        assert out in capsys.readouterr().out
+    assert calls[:2] == [("POST", "/triggers", rule), ("POST", "/triggers", {**rule, "threshold_ms": 2000})]
+    assert calls[-1] == ("DELETE", "/triggers/trg-1", None)
+
+
+def test_triggers_add_a_file_that_is_not_json_or_a_rule_refused(monkeypatch, capsys, tmp_path):
+    bad = tmp_path / "rules.json"
+    bad.write_text("{not json")
+    args = parse("triggers", "--url", "http://127.0.0.1:9", "--add", str(bad))
+    assert args.handler(args) == 2 and str(bad) in capsys.readouterr().err
+
+    def refuse(self, method, path, params=None, body=None):
+        raise SidecarError(400, {"error": "bad_parameter", "param": "cooldown_s", "message": "cooldown_s: must be in [1, 86400], got 0"})
+
+    monkeypatch.setattr(SidecarClient, "call", refuse)
+    bad.write_text(json.dumps({"metric": "step_duration", "threshold_ms": 1, "cooldown_s": 0}))
+    assert args.handler(args) == 2
+    assert "cooldown_s: must be in [1, 86400], got 0" in capsys.readouterr().err
