@@ -85,7 +85,10 @@ def _wrap_engine_step(original):
         scheduler = self.scheduler
         probe.step_begin(scheduler.has_requests())
         result = original(self, *args, **kwargs)
-        probe.step_end(bool(result[1]), -1, -1, -1, -1, len(scheduler.running), len(scheduler.waiting))
+        if probe.ring is not None:  # the flight recorder keeps the scheduler's queue lengths
+            probe.step_end(bool(result[1]), -1, -1, -1, -1, len(scheduler.running), len(scheduler.waiting))
+        else:
+            probe.step_end(bool(result[1]))
         return result
 
     return step

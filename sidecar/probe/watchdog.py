@@ -27,9 +27,7 @@ def threshold_from_environment(env: Mapping[str, str] | None = None) -> float:
     """``SIDECAR_WATCHDOG_S`` in seconds; 0 (off) when unset or 0. A bad value is logged as an error
     naming the variable and the watchdog stays off: a typo must not stop an engine."""
     raw = ((os.environ if env is None else env).get(config.ENV_WATCHDOG_S) or "").strip()
-    if raw in ("", "0", "0.0", "off"):
-        return 0.0
-    if re.fullmatch(r"0*\.?0+", raw):
+    if raw in ("", "off") or re.fullmatch(r"0*\.?0+", raw):  # "0", "0.0", ".0": off, said plainly
         return 0.0
     return config.env_number(config.ENV_WATCHDOG_S, 0.0, env=env)
 

@@ -5,29 +5,25 @@ reports the step stuck on /healthz and /metrics; then the engine serves again.""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.request
 
 import pytest
+from completions import complete
+
+from sidecar.client import SidecarClient
 
 pytestmark = pytest.mark.vllm
 
 
-def _get(stack, path: str, timeout: float = 30.0):
-    with urllib.request.urlopen(f"{stack.sidecar_url}{path}", timeout=timeout) as resp:
-        body = resp.read()
-    return json.loads(body) if resp.headers.get_content_type() == "application/json" else body.decode()
+def _get(stack, path: str):
+    """A sidecar view: JSON decoded, /metrics as text."""
+    client = SidecarClient(stack.sidecar_url, timeout=30)
+    return client.get_bytes(path).decode() if path.startswith("/metrics") else client.request("GET", path)
 
 
 def _complete(stack, prompt: list[int], max_tokens: int = 4) -> dict:
-    body = {"model": stack.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True}
-    req = urllib.request.Request(f"{stack.server_url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())
+    return complete(stack, prompt, max_tokens)[1]
 
 
 def _processes(body: dict, role: str) -> list[dict]:

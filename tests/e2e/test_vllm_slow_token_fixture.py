@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from completions import complete
 from sidecar_vllm.devtools import VllmStack
 
 
@@ -24,18 +25,6 @@ GAP_JITTER_S = 0.1
 def slow_stack(slow_token_stack):
     """The session's slow-token server (tests/conftest.py), shared with test_vllm_incidents.py."""
     return slow_token_stack
-
-
-def complete(stack: VllmStack, prompt: list[int], max_tokens: int = 8, **extra) -> tuple[float, dict]:
-    """One non-streaming completion of a token-id prompt: (seconds, response body)."""
-    body = {"model": stack.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "return_token_ids": True, **extra}
-    req = urllib.request.Request(f"{stack.server_url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    start = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        out = json.loads(resp.read())
-    return time.perf_counter() - start, out
 
 
 class Stream(threading.Thread):

@@ -7,29 +7,22 @@ from __future__ import annotations
 import gzip
 import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from completions import complete
+
+from sidecar.client import SidecarClient
 
 pytestmark = pytest.mark.vllm
 
 
 def _call(stack, method: str, path: str, body: dict | None = None) -> dict:
-    req = urllib.request.Request(f"{stack.sidecar_url}{path}", method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read())
+    return json.loads(SidecarClient(stack.sidecar_url, timeout=30).call(method, path, body=body))
 
 
 def _complete(stack, prompt: list[int], max_tokens: int = 4) -> dict:
-    body = {"model": stack.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True}
-    req = urllib.request.Request(f"{stack.server_url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())
+    return complete(stack, prompt, max_tokens)[1]
 
 
 def test_a_slow_step_captures_itself(slow_token_stack):
