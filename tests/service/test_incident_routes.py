@@ -210,3 +210,11 @@ async def test_native_stacks_show_the_native_frames_under_a_blocked_step(sidecar
     assert any(not f.get("filename", "").endswith(".py") for t in proc["threads"] for f in t["frames"])  # native ones
     text = await (await client.get("/stacks", params={"mode": "native", "format": "text"})).text()
     assert "hang_inside_a_step" in text
+
+
+async def test_requests_takes_no_processes_filter_rather_than_ignore_one(sidecar, engines):
+    client = await sidecar()
+    engines(client.url, "worker", "--rank", "0")
+    await wait_processes(client, 1)
+    resp = await client.get("/requests", params={"processes": "worker"})
+    assert resp.status == 400 and (await resp.json())["param"] == "processes"
