@@ -4,7 +4,7 @@ MODEL ?= models/tiny
 SOAK_MINUTES ?= 30
 SOAK_ARGS ?=
 
-.PHONY: install model demo test bench soak clean
+.PHONY: install model demo test test-gpu bench soak clean
 
 install:
 	@bash scripts/install.sh
@@ -18,6 +18,10 @@ demo: install model
 test: install
 	@bash scripts/install-test-backends.sh
 	$(PY) -m pytest -q -ra
+
+# On a CUDA host: kernels in captures, real syncs, NVML (tests/gpu; docs/gpu.md). Fails without a device.
+test-gpu: install
+	SIDECAR_GPU_TESTS=1 $(PY) -m pytest -q -ra tests/gpu
 
 bench: install
 	$(PY) benchmarks/run_all.py

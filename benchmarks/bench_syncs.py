@@ -13,7 +13,9 @@ A small Llama-style forward loop (the tiny model's shape: 2 layers, hidden 128, 
 Per-op cost: (armed - none) / aten ops per step. Per-sync cost: an ``.item()`` armed vs bare.
 The always-on watch (watch.py) with a stand-in for torch's CUDA switch (no GPU here): what a step
 it does not sample costs, and what each sync warning it takes costs (the warning raised the way
-c10 raises it, through Python's warnings machinery, then the hook's stack walk).
+c10 raises it, through Python's warnings machinery, then the hook's stack walk). On a CUDA host also
+the watch on torch's real switch: a ``.item()`` of a small CUDA tensor with the watch off, and in a
+step it samples (CUDA's sync debug mode on, the warning taken by the watch).
 
 python benchmarks/bench_syncs.py [--steps 200] [--rounds 5] [--out bench-results/syncs.json]
 """
@@ -201,6 +203,34 @@ def watch_cost(n: int = 20000) -> dict:
     }
 
 
+def watch_cost_cuda(n: int = 5000) -> dict | None:
+    """A real sync (``.item()`` of a 1024-element CUDA tensor) bare and inside a step the watch samples."""
+    if not torch.cuda.is_available():
+        return None
+    x = torch.ones(1024, device="cuda")
+
+    def timed() -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x.sum().item()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    timed()  # warm-up: kernels loaded, allocator primed
+    watch = SyncWatch(every=1)
+    watch.install()
+    try:
+        bare = timed()
+        watch.step_begin(True, 0)
+        watched = timed()
+        watch.step_end()
+    finally:
+        watch.uninstall()
+    assert watch.report()["sites"], "the watch must have seen the syncs"
+    return {"device": torch.cuda.get_device_name(), "bare_item_us": round(bare, 2), "watched_item_us": round(watched, 2),
+            "per_sync_us": round(watched - bare, 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=200)
@@ -230,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_op_cost_us": {m: round((median[m] - median["none"]) / ops, 2) for m in ("armed", "armed_cpu", "bare_mode")},
         "per_sync": per_sync_cost(),
         "watch_stand_in": watch_cost(),
+        "watch_cuda": watch_cost_cuda(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
@@ -242,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     w = result["watch_stand_in"]
     print(f"always-on watch (stand-in switch): step not sampled {w['unsampled_step_us']} us, sampled step "
           f"{w['sampled_step_us']} us + {w['per_sync_us']} us per sync seen")
+    if result["watch_cuda"]:
+        c = result["watch_cuda"]
+        print(f"always-on watch on {c['device']}: .item() bare {c['bare_item_us']} us, in a sampled step "
+              f"{c['watched_item_us']} us ({c['per_sync_us']} us per sync seen)")
     print(f"written: {args.out}")
     return 0
 

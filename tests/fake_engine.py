@@ -1,6 +1,9 @@
 """A stand-in engine process for service tests: a real Probe and real torch work in a step loop.
 
 python tests/fake_engine.py ROLE [--rank K] [--steps-then-idle N] [--step-ms MS] [--slow-step-at N --slow-step-ms MS]
+                            [--device cuda --size N]
+
+With ``--device cuda`` a worker's step runs its matrix products on the GPU and its probe sees CUDA (tests/gpu).
 """
 
 import argparse
@@ -28,9 +31,19 @@ def main() -> None:
     parser.add_argument("--fake-cuda-watch", type=int, default=0, metavar="EVERY",
                         help="run the always-on sync watch on tests/fake_cuda.py's stand-in for CUDA's sync debug mode, "
                              "sampling one step in EVERY, with a synchronising op in every step (WATCHED_LINE)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where a worker's step runs its products; cuda: its probe records CUDA activity")
+    parser.add_argument("--size", type=int, default=32, help="the step's square matrix is SIZE x SIZE")
+    parser.add_argument("--telemetry", action="store_true",
+                        help="start the process's telemetry with the NVML and psutil samplers, as the vLLM plugin does")
     args = parser.parse_args()
     watch, fake_sync = _fake_cuda_watch(args.fake_cuda_watch) if args.fake_cuda_watch else (None, None)
-    x = torch.randn(32, 32)
+    on_gpu = args.device == "cuda" and args.role == "worker"
+    if args.telemetry:  # held by main(), which never returns: samplers and pushes run for the process's life
+        from sidecar.telemetry import create_telemetry
+
+        telemetry = create_telemetry(args.role, args.rank).start_samplers(process=True, gpu=True)  # noqa: F841
+    x = torch.randn(args.size, args.size, device="cuda" if on_gpu else "cpu")
     if args.role == "api_server":
         loop = asyncio.new_event_loop()
         Probe(args.role, args.rank, loop=loop, cuda_available=False).start()
@@ -42,7 +55,9 @@ def main() -> None:
 
         loop.run_until_complete(serve())
         return
-    probe = Probe(args.role, args.rank, cuda_available=False, sync_watch=watch).start()
+    # On the GPU the probe finds CUDA and reads SIDECAR_SYNC_WATCH itself, as in a real engine.
+    probe = (Probe(args.role, args.rank).start() if on_gpu
+             else Probe(args.role, args.rank, cuda_available=False, sync_watch=watch).start())
     taken = 0
     while True:
         has_work = args.steps_then_idle is None or taken < args.steps_then_idle

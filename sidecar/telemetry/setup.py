@@ -152,6 +152,11 @@ class Telemetry:
     def traces_on(self) -> bool:
         return self.tracer_provider is not None
 
+    @property
+    def samples_gpus(self) -> bool:
+        """Whether NVML found GPUs to read: start_samplers(gpu=True) on a host with an NVIDIA driver."""
+        return self._gpu is not None
+
     def step_recorder(self, role: str) -> StepRecorder:
         """A recorder for this process's steps, drained by the sampler thread (start_samplers)."""
         recorder = StepRecorder(StepInstruments(self.meter), role=role,

@@ -20,7 +20,7 @@ from sidecar.service.metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, 
 from sidecar.telemetry import ClockOffset, FinishedRequest, Telemetry, TelemetrySettings, make_resource, record_request
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU_METRICS = ("hw_gpu_", "hw_power_", "hw_temperature_")  # NVML: no driver on the machines these tests run on
+GPU_METRICS = ("hw_gpu_", "hw_power_", "hw_temperature_")  # NVML: empty where the host has no NVIDIA driver
 REQUESTS = 7
 
 
@@ -162,8 +162,9 @@ async def test_prometheus_scrapes_every_process_and_dashboard_queries_return_dat
                 result = await _query(session, base, expr.replace("$__rate_interval", "1m"))
                 if not result:
                     empty.append(expr)
-            gpu_only = [e for e in empty if any(m in e for m in GPU_METRICS)]
-            assert empty == gpu_only, f"dashboard queries without data: {sorted(set(empty) - set(gpu_only))}"
+            # Without an NVIDIA driver the GPU panels have nothing to show; with one, every panel has data.
+            excused = [e for e in empty if any(m in e for m in GPU_METRICS)] if not api.samples_gpus else []
+            assert empty == excused, f"dashboard queries without data: {sorted(set(empty) - set(excused))}"
 
             # The incident panels read what the heartbeats said.
             assert float((await _query(session, base, "sum(sidecar_requests_in_flight)"))[0]["value"][1]) == 2
