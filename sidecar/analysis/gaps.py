@@ -122,17 +122,18 @@ def describe(view: ProcessView, table: GapTable, row: int, sync_list: Sequence[S
     sync = int(table.sync[row])
     if sync >= 0:
         f = sync_list[sync]
-        return f"{f.name} in {f.python or f.site or 'top level'}"
+        return f"{f.name} in {f.python or f.site or 'no recorded op'}"
     nxt = int(table.next_activity[row])
     tid = view.launch_tid(nxt)
     if tid is None or CAUSES[table.cause[row]] == "memcpy":
         return ""
     index = int(view.launch_index[nxt])
     site, python, _stack = view.enclosing(tid, index)
-    where = python or site or "top level"
+    where = python or site
     if CAUSES[table.cause[row]] == "launch":
-        return f"{view.data.names[view.threads[tid].name[index]]} in {where}"
-    return f"next launch from {where}"
+        return f"{view.data.names[view.threads[tid].name[index]]} in {where or 'no recorded op'}"
+    # The host was elsewhere until it launched the next kernel: name what launched it, the place to look.
+    return f"host busy until {where} launched the next kernel" if where else "host busy until the next launch (outside any recorded op)"
 
 
 class GapPart(msgspec.Struct):

@@ -65,6 +65,7 @@ class GpuStats(msgspec.Struct):
     device_window: dict[int, tuple[float, float]] = msgspec.field(default_factory=dict)  # the owning process's window
     streams: dict[tuple[int, int], StreamStat] = msgspec.field(default_factory=dict)
     copies: dict[str, CopyStat] = msgspec.field(default_factory=dict)  # "HtoD", "DtoH", ..., "Memset"
+    device_process: dict[int, str] = msgspec.field(default_factory=dict)  # merged: whose device it is
 
     @property
     def busy(self) -> float:
@@ -154,10 +155,12 @@ def busy_union(view: ProcessView) -> intervals.Spans:
     return intervals.union(ts[k], ts[k] + dur[k])
 
 
-def merge(parts: Iterable[GpuStats]) -> GpuStats:
+def merge(parts: Iterable[GpuStats], labels: Iterable[str] = ()) -> GpuStats:
     """Aggregate over processes. Devices of different processes stay apart: a busy union only
-    makes sense on one GPU, so merged devices are keyed by (process index, device)."""
+    makes sense on one GPU, so merged devices are keyed by (process index, device), and each is
+    labelled with its process (``labels``, in the order of ``parts``)."""
     out = GpuStats()
+    labels = list(labels)
     for n, part in enumerate(parts):
         for kname, stat in part.kernels.items():
             out.kernels.setdefault(kname, NameStat()).merge(stat)
@@ -167,6 +170,8 @@ def merge(parts: Iterable[GpuStats]) -> GpuStats:
             out.device_busy[(n, dev)] = union  # type: ignore[index]
             out.device_span[(n, dev)] = part.device_span[dev]  # type: ignore[index]
             out.device_window[(n, dev)] = part.device_window[dev]  # type: ignore[index]
+            if n < len(labels):
+                out.device_process[(n, dev)] = labels[n]  # type: ignore[index]
         for key, stat in part.streams.items():
             out.streams[(n, *key)] = stat  # type: ignore[index]
         for label, copy in part.copies.items():
@@ -207,6 +212,7 @@ def to_json(stats: GpuStats, top_n: int) -> dict:
         devices.append(
             {
                 "device": dev if not isinstance(dev, tuple) else dev[1],
+                "process": stats.device_process.get(dev),
                 "busy_us": us(dev_busy),
                 "span_us": us(hi - lo),
                 "busy_fraction": ratio(dev_busy, hi - lo),

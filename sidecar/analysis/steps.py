@@ -98,10 +98,23 @@ def step_stats(view: ProcessView, launch_calls: tuple[np.ndarray, np.ndarray], s
     return steps
 
 
+# A process's last ProfilerStep range ends where recording stopped, not where the next step began. Shorter
+# than this fraction of the median of the others, it is taken as cut off, not as a fast step.
+PARTIAL_BELOW = 0.5
+
+
+def partial_last(durations: Sequence[float]) -> bool:
+    """Whether the last of a process's step ranges is cut off: under PARTIAL_BELOW of the others' median."""
+    if len(durations) < 2:
+        return False
+    return durations[-1] < PARTIAL_BELOW * float(np.median(durations[:-1]))
+
+
 def to_json(view: ProcessView, steps: Sequence[StepStats], window_start: float) -> list[dict]:
     names = view.data.names
     out = []
-    for s in steps:
+    cut_off = partial_last([s.dur for s in steps])
+    for index, s in enumerate(steps):
         busy = s.busy
         span = s.gpu_end - s.ts
         top_id = s.top_kernel
@@ -113,6 +126,7 @@ def to_json(view: ProcessView, steps: Sequence[StepStats], window_start: float) 
                 "step": s.number,
                 "start_at_us": us(s.ts - window_start),
                 "wall_us": us(s.dur),
+                "partial": cut_off and index == len(steps) - 1,
                 "kernel_count": s.kernel_count,
                 "kernel_time_us": us(s.kernel_time),
                 "gpu_busy_us": us(busy),

@@ -117,7 +117,7 @@ def analyze_path(path: str | os.PathLike, top_n: int = 10) -> dict:
 
 
 def _summary(path, files: list[dict], results: list[ProcessResult], warnings: list[str], top_n: int) -> dict:
-    gpu = kernels.merge(r.gpu for r in results)
+    gpu = kernels.merge((r.gpu for r in results), (r.view_label for r in results))
     comm = collectives.CollectiveStats()
     ops = cpu.CpuStats()
     launch_stats = launches.LaunchStats()
@@ -131,6 +131,7 @@ def _summary(path, files: list[dict], results: list[ProcessResult], warnings: li
         warnings.append("no ProfilerStep#n ranges: no per-step figures")
     if not gpu.kernel_count:
         warnings.append("no GPU kernels: a CPU-only trace, or GPU activity was not recorded")
+    warnings.extend(_rank_clashes(results))
     summary = {
         "schema_version": SCHEMA_VERSION,
         "source": {"path": str(path), "files": files},
@@ -149,26 +150,109 @@ def _summary(path, files: list[dict], results: list[ProcessResult], warnings: li
     return summary
 
 
+def _rank_clashes(results: list[ProcessResult]) -> list[str]:
+    """Two processes of different files that claim one rank: their figures are added up as they are,
+    and when their windows do not even overlap their clocks are probably unrelated."""
+    by_rank: dict[int, list[ProcessResult]] = {}
+    for r in results:
+        if r.json["rank"] is not None:
+            by_rank.setdefault(r.json["rank"], []).append(r)
+    out = []
+    for rank, claims in sorted(by_rank.items()):
+        files = sorted({Path(r.json["file"]).name for r in claims})
+        if len(files) < 2:
+            continue
+        apart = any(a.window[1] < b.window[0] or b.window[1] < a.window[0] for a in claims for b in claims if a is not b)
+        clocks = "; their windows do not overlap: unrelated clocks?" if apart else ""
+        out.append(f"rank {rank} is claimed by {len(claims)} processes in {', '.join(files)}{clocks}")
+    return out
+
+
+def engine_steps(step_rows: list[dict]) -> tuple[int, float | None, int]:
+    """(engine steps, mean wall time of a complete one in µs, cut-off steps left out).
+
+    Every process of a capture (every rank of a folder) records the same engine steps, so the count is
+    the most any one process has, not the markers of all processes added up (an API server's single
+    window is no step). The mean is over the complete steps of the processes that have that many."""
+    per_process: dict[tuple, list[dict]] = {}
+    for row in step_rows:
+        per_process.setdefault((row["process"], row["pid"]), []).append(row)
+    count = max(len(rows) for rows in per_process.values())
+    rows = [row for rows in per_process.values() if len(rows) == count for row in rows]
+    whole = [row["wall_us"] for row in rows if not row.get("partial")]
+    mean = sum(whole) / len(whole) if whole else None
+    return count, mean, len(rows) - len(whole)
+
+
+def _percent(fraction: float) -> str:
+    """As the report's body writes a share: one decimal."""
+    return f"{fraction * 100:.1f}%"
+
+
 def headline(summary: dict) -> str:
-    """One line for a capture's status: GPU busy, top kernel, syncs."""
+    """One line for a capture's status: GPU busy, top kernel, engine steps, syncs. Its figures are the
+    body's, written the same way."""
     parts = []
     gpu = summary["gpu"]
     step_rows = summary["steps"]
     if gpu["kernel_count"]:
-        parts.append(f"GPU busy {gpu['busy_fraction'] * 100:.0f}%")
+        busy = f"GPU busy {_percent(gpu['busy_fraction'])}"
+        devices = [d["busy_fraction"] for d in gpu["devices"]]
+        if len(devices) > 1:
+            busy += f" ({len(devices)} devices, {_percent(min(devices))}–{_percent(max(devices))})"
+        parts.append(busy)
         top = gpu["top_kernels"][0]
-        parts.append(f"top kernel {short_name(top['name'])} ({top['fraction'] * 100:.0f}% of kernel time)")
+        names = unique_short_names([k["name"] for k in gpu["top_kernels"]])
+        parts.append(f"top kernel {names[top['name']]} ({_percent(top['fraction'])} of kernel time)")
     else:
         parts.append("CPU only")
         if summary["cpu"]["top_ops"]:
             parts.append(f"top op {summary['cpu']['top_ops'][0]['name']}")
     if step_rows:
-        mean = sum(row["wall_us"] for row in step_rows) / len(step_rows)
-        parts.append(f"{len(step_rows)} steps, {_ms(mean)}/step")
+        count, mean, cut = engine_steps(step_rows)
+        text = f"{count} step{'' if count == 1 else 's'}"
+        if mean is not None:
+            text += f", {_ms(mean)}/step"
+        if cut:
+            text += f" ({cut} cut off, left out)"
+        parts.append(text)
     count = sum(s["count"] for s in summary["syncs"])
     blocked = sum(s["total_us"] for s in summary["syncs"])
-    parts.append(f"{count} syncs ({_ms(blocked)} blocked)" if count else "no syncs")
+    parts.append(f"{count:,} sync{'' if count == 1 else 's'} ({_ms(blocked)} blocked)" if count else "no syncs")
     return " · ".join(parts)
+
+
+def unique_short_names(names: list[str], width: int = 48) -> dict[str, str]:
+    """``short_name`` of each, made distinct: names that shorten alike keep their template arguments,
+    and any still alike get ``[1]``, ``[2]``, ... in the order given."""
+    out = {n: short_name(n, width) for n in names}
+    for pass_ in ("templates", "numbers"):
+        seen: dict[str, list[str]] = {}
+        for n in names:
+            seen.setdefault(out[n], []).append(n)
+        for group in (g for g in seen.values() if len(g) > 1):
+            if pass_ == "templates":
+                longer = [_with_templates(n, width) for n in group]
+                if len(set(longer)) == len(group):  # else the prefix that fits is still shared: number them
+                    out.update(zip(group, longer))
+                continue
+            for i, n in enumerate(group, 1):
+                tag = f" [{i}]"
+                out[n] = out[n][: width - len(tag)] + tag if len(out[n]) + len(tag) > width else out[n] + tag
+    return out
+
+
+def _with_templates(name: str, width: int) -> str:
+    text = name[5:] if name.startswith("void ") else name
+    text = text.replace("(anonymous namespace)::", "")
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch == "<"
+        depth -= ch == ">" and depth > 0
+        if ch == "(" and depth == 0:
+            text = text[:i]
+            break
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def short_name(name: str, width: int = 48) -> str:

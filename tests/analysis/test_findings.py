@@ -61,7 +61,7 @@ def test_gap_causes(scenario):
     by_cause = {g["cause"]: g for g in gaps["largest"]}
     assert by_cause["launch"]["dur_us"] == 40 and by_cause["launch"]["preceded_by"] == "A" and by_cause["launch"]["followed_by"] == "B"
     assert by_cause["launch"]["detail"] == "cudaLaunchKernel in aten::add"
-    assert by_cause["host"]["dur_us"] == 130 and by_cause["host"]["detail"] == "next launch from aten::relu"
+    assert by_cause["host"]["dur_us"] == 130 and by_cause["host"]["detail"] == "host busy until aten::relu launched the next kernel"
     assert by_cause["sync"]["dur_us"] == 120 and by_cause["sync"]["detail"] == "cudaStreamSynchronize in aten::_local_scalar_dense"
     assert by_cause["memcpy"]["dur_us"] == 65
     assert by_cause["unknown"]["dur_us"] == 280

@@ -20,9 +20,10 @@ REFERENCE = "a100-nccl-multistream.json.gz"  # 40k events, ns timestamps, severa
 
 def _essentials(summary: dict) -> dict:
     """What must not depend on how the file was written."""
+    # Labels may differ: the array format has no distributedInfo to take a rank from.
+    gpu = {**summary["gpu"], "devices": [{k: v for k, v in d.items() if k != "process"} for d in summary["gpu"]["devices"]]}
     return {
-        "gpu": summary["gpu"],
-        # Labels may differ: the array format has no distributedInfo to take a rank from.
+        "gpu": gpu,
         "steps": [{k: v for k, v in row.items() if k not in ("process", "rank")} for row in summary["steps"]],
         "syncs": summary["syncs"],
         "gaps": summary["gaps"]["by_cause"],
