@@ -89,6 +89,18 @@ def find_gaps(view: ProcessView, stats: GpuStats, syncs: Sequence[SyncFinding], 
     return table
 
 
+def attribute_idle(syncs: Sequence[SyncFinding], table: GapTable) -> list[SyncFinding]:
+    """``syncs`` with ``gpu_idle_after`` set to the gaps attributed to each (cause ``sync``): the one
+    attribution the sync list and the gap causes share. A sync called while the GPU was already
+    idle caused none of that idle time, however long it lasted."""
+    ordered = sorted(syncs, key=lambda f: f.ts)  # the order find_gaps indexes them in
+    if not len(table):
+        return [msgspec.structs.replace(f, gpu_idle_after=0.0) for f in ordered]
+    mine = table.sync >= 0
+    idle = np.bincount(table.sync[mine], weights=table.dur[mine], minlength=len(ordered))
+    return [msgspec.structs.replace(f, gpu_idle_after=float(idle[i])) for i, f in enumerate(ordered)]
+
+
 def _mostly_copies(copies: intervals.Spans, g_start: np.ndarray, g_end: np.ndarray) -> np.ndarray:
     """Gaps during which copies ran for at least half the time."""
     return intervals.covered(copies, g_start, g_end) >= 0.5 * (g_end - g_start)

@@ -7,7 +7,7 @@ the figures must not change in the last bit when the implementation does.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -90,13 +90,3 @@ def gaps(spans: Spans) -> Spans:
     """The holes between consecutive intervals of a union (not before the first or after the last)."""
     return Spans(spans.end[:-1], spans.start[1:])
 
-
-def idle_around(spans: Spans, t: float) -> Optional[tuple[float, float]]:
-    """The hole of the union that contains time ``t``, as (hole start, hole end); None when ``t``
-    falls inside an interval or after the last one."""
-    k = int(np.searchsorted(spans.start, t, side="right")) - 1
-    if k >= 0 and spans.end[k] > t:
-        return None  # busy at t
-    if k + 1 >= len(spans):
-        return None  # nothing runs after t: not a hole between activities
-    return (float(spans.end[k]) if k >= 0 else t, float(spans.start[k + 1]))

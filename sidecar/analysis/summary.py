@@ -12,7 +12,7 @@ import os
 import msgspec
 from pathlib import Path
 
-from . import collectives, cpu, gaps, intervals, kernels, launches, steps, syncs
+from . import collectives, cpu, gaps, kernels, launches, steps, syncs
 from .collect import Collector, TraceData
 from .errors import TraceFormatError
 from .processes import split_processes
@@ -60,9 +60,9 @@ def load(path: str | os.PathLike) -> TraceData:
 def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
     window = view.window()
     gpu = kernels.gpu_stats(view, window)
-    busy_all = intervals.union(*intervals.concat(list(gpu.device_busy.values())))
-    found_syncs = syncs.find_syncs(view, busy_all)
+    found_syncs = syncs.find_syncs(view)
     found_gaps = gaps.find_gaps(view, gpu, found_syncs, describe_top=top_n)
+    found_syncs = gaps.attribute_idle(found_syncs, found_gaps)
     comm = collectives.collective_stats(view)
     ops = cpu.cpu_stats(view)
     launch_calls = launches.launches(view)

@@ -24,10 +24,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import intervals
 from .arrays import distinct, isin
 from .events import Kind, api_base_name, is_pageable_dtoh, memcpy_direction
-from .kernels import busy_union, us
+from .kernels import us
 from .view import ProcessView
 
 SYNC_CALLS = frozenset(
@@ -92,10 +91,11 @@ class SyncFinding(msgspec.Struct, frozen=True):
     gpu_idle_after: float
 
 
-def find_syncs(view: ProcessView, busy: intervals.Spans) -> list[SyncFinding]:
-    """Every synchronising call of one process, in time order. ``busy``: the union of the
-    process's kernel intervals (all its devices). Only sync and copy calls are walked in Python;
-    the other runtime calls (launches, mostly) are filtered out by name id first."""
+def find_syncs(view: ProcessView) -> list[SyncFinding]:
+    """Every synchronising call of one process, in time order, with ``gpu_idle_after`` 0: the idle time
+    a sync caused is the gaps' to attribute (``gaps.attribute_idle``), so that both say the same. Only
+    sync and copy calls are walked in Python; the other runtime calls (launches, mostly) are filtered
+    out by name id first."""
     names = view.data.names
     copy_names = _copy_names(view)
     per_name: dict[int, tuple[Optional[str], bool]] = {}  # name id -> (call kind, is a copy call)
@@ -132,7 +132,7 @@ def find_syncs(view: ProcessView, busy: intervals.Spans) -> list[SyncFinding]:
                     stack=stack,
                     step=view.step_at(start),
                     after_dtoh_copy=kind == "sync" and last_copy_was_dtoh,
-                    gpu_idle_after=_idle_after(busy, start, start + dur),
+                    gpu_idle_after=0.0,
                 )
             )
             # A pageable DtoH copy is itself the DtoH half of a copy-then-sync pair.
@@ -142,9 +142,13 @@ def find_syncs(view: ProcessView, busy: intervals.Spans) -> list[SyncFinding]:
 
 
 def find_process_syncs(view: ProcessView) -> list[SyncFinding]:
-    """``find_syncs`` for a process on its own, without the rest of the analysis: what the
-    hidden-sync detector needs to read a trace (``sidecar.syncs.trace``)."""
-    return find_syncs(view, busy_union(view))
+    """The syncs of a process with the idle time they caused, without the rest of the analysis: what
+    the hidden-sync detector needs to read a trace (``sidecar.syncs.trace``)."""
+    from . import gaps, kernels  # gaps builds on this module's findings
+
+    gpu = kernels.gpu_stats(view, view.window())
+    found = find_syncs(view)
+    return gaps.attribute_idle(found, gaps.find_gaps(view, gpu, found, describe_top=0))
 
 
 def summarize(findings: Sequence[SyncFinding], top_sites: int = 5) -> list[dict]:
@@ -200,9 +204,3 @@ def _copy_names(view: ProcessView) -> dict[int, tuple[bool, bool]]:
         flags[nid] = (memcpy_direction(names[nid]) == "DtoH", is_pageable_dtoh(names[nid]))
     return {c: flags[n] for c, n in zip(corr[pick].tolist(), name[pick].tolist())}
 
-
-def _idle_after(busy: intervals.Spans, start: float, end: float) -> float:
-    hole = intervals.idle_around(busy, end)
-    if hole is None:
-        return 0.0
-    return max(0.0, hole[1] - max(hole[0], start))

@@ -81,9 +81,12 @@ def test_syncs_with_sites_and_idle_after(scenario):
     assert site["steps"] == [1]
     copy_ = syncs["cudaMemcpy"]
     assert copy_["kind"] == "blocking_copy" and copy_["sites"][0]["site"] == "aten::copy_"
-    assert copy_["gpu_idle_after_us"] == 200  # from the call at 700 to G at 900
+    # Both were called inside the gap 620-900 that G, with no launch record, ends ("unknown"): the GPU was
+    # idle before them, so neither caused any of it (the same attribution as the gap causes).
+    assert copy_["gpu_idle_after_us"] == 0
     device = syncs["cudaDeviceSynchronize"]
-    assert device["sites"][0]["site"] == "" and device["gpu_idle_after_us"] == 100
+    assert device["sites"][0]["site"] == "" and device["gpu_idle_after_us"] == 0
+    assert sum(s["gpu_idle_after_us"] for s in scenario["syncs"]) == scenario["gaps"]["by_cause"]["sync"]["total_us"]
 
 
 def test_step_figures(scenario):
