@@ -16,6 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="trace file (.json or .json.gz) or folder of rank files")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (schema: docs/analysis.md)")
     p.add_argument("--top", type=_positive, default=10, metavar="N", help="entries in each top-N list (default %(default)s)")
+    p.add_argument("--syncs", action="store_true",
+                   help="also name every sync's site as a live sync scan does (file:line, op, phase, hidden or "
+                        "expected; docs/syncs.md); JSON: the summary's sync_scan")
     p.set_defaults(handler=run)
 
 
@@ -25,6 +28,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         summary = analyze_path(args.path, top_n=args.top)
+        if args.syncs:
+            from ..syncs.trace import scan_trace
+
+            summary["sync_scan"] = scan_trace(args.path)
     except TraceFormatError as exc:
         print(f"sidecar analyze: {exc}", file=sys.stderr)
         return 2
@@ -33,7 +40,29 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_report(summary))
+        if args.syncs:
+            sys.stdout.write(format_sync_sites(summary["sync_scan"]))
     return 0
+
+
+def format_sync_sites(scan: dict) -> str:
+    """The trace scan's sites as a table: where each sync is in the code and whether it is expected."""
+    sites = scan["sites"]
+    if not sites:
+        return "\nSync sites: none\n"
+    lines = ["", f"Sync sites ({len(sites)}; hidden first):",
+             f"  {'count':>7} {'blocked':>10} {'class':>9} {'phase':>10}  {'op / runtime call':<40} site"]
+    for s in sites:
+        where = f"{s['path'] or s['file']}:{s['line']}" if s.get("line") else s["function"] or s["cpu_op"] or "outside any recorded op"
+        if s.get("line") and s["function"]:
+            where += f" ({s['function']})"
+        lines.append(f"  {s['count']:>7,} {_us(s['blocked_us']):>10} {s['classification']:>9} {s['phase']:>10}  "
+                     f"{s['op'] + ' / ' + s['api'] if s.get('api') else s['op']:<40} {where}")
+    return "\n".join(lines) + "\n"
+
+
+def _us(value: float) -> str:
+    return f"{value / 1000:.2f} ms" if value >= 1000 else f"{value:.1f} µs"
 
 
 def _positive(text: str) -> int:

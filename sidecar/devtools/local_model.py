@@ -109,11 +109,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "make-model",
         help="build a small random-weight model with a local tokenizer (no model hub)",
-        description=__doc__,
+        description=__doc__.replace("``", "'"),  # the docstring's reStructuredText quotes, for a terminal
     )
-    p.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    p.add_argument("--size", choices=sorted(SIZES), default="tiny",
+                   help="tiny: 2 layers, for tests and the demo; 126m: the benchmarks' model (default %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="directory to write the model into")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default %(default)s)")
     p.add_argument("--quiet-if-exists", action="store_true", help="do nothing if --out already holds a model of this size")
     p.set_defaults(handler=_main)
 

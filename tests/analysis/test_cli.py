@@ -29,6 +29,18 @@ def test_report():
     assert done.stderr == ""
 
 
+def test_syncs_names_each_site_as_a_scan_does():
+    path = str(trace_path("a100-cuda-event-sync.json.gz"))
+    done = _analyze(path, "--syncs")
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.split("Sync sites (4; hidden first):")[1].splitlines()
+    assert any("bool / cudaStreamSynchronize" in row and "aten::_local_scalar_dense" in row and " hidden " in row
+               for row in table), table
+    scan = json.loads(_analyze(path, "--syncs", "--json").stdout)["sync_scan"]
+    assert {(s["op"], s["api"]) for s in scan["sites"]} >= {("bool", "cudaMemcpyAsync"), ("event.synchronize", "cudaEventSynchronize")}
+    assert "sync_scan" not in json.loads(_analyze(path, "--json").stdout), "only when asked: it reads the trace again"
+
+
 def test_json_with_top():
     done = _analyze(str(trace_path("v100-train-large.json.gz")), "--json", "--top", "3")
     assert done.returncode == 0, done.stderr
