@@ -1,4 +1,4 @@
-"""sidecar: profile a running LLM inference engine (serve, capture, analyze, make-model).
+"""sidecar: profile a running LLM inference engine (serve, capture, sync, status, analyze, ...).
 
 Each sub-command lives with the concept it drives and registers itself through a small
 ``register(subparsers)`` function, so this module stays a dispatcher.
@@ -14,7 +14,11 @@ from typing import Callable, Sequence
 # whose ``handler`` default is a callable taking the parsed args and returning an exit code.
 _COMMAND_MODULES = {
     "serve": "sidecar.service.cli",
-    "capture": "sidecar.client",
+    "capture": "sidecar.jobs_cli",
+    "sync": "sidecar.jobs_cli",
+    "status": "sidecar.jobs_cli",
+    "list": "sidecar.jobs_cli",
+    "stop": "sidecar.jobs_cli",
     "recorder": "sidecar.incident_cli",
     "stacks": "sidecar.incident_cli",
     "requests": "sidecar.incident_cli",

@@ -1,14 +1,12 @@
-"""A small client for the sidecar's HTTP API, and the ``sidecar capture`` command built on it."""
+"""A small client for the sidecar's HTTP API (the CLI's commands, tests and benchmarks use it)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import config
 from .verdicts import FINAL
@@ -16,9 +14,17 @@ from .verdicts import FINAL
 
 class SidecarError(Exception):
     def __init__(self, status: int, body: dict[str, Any]) -> None:
-        super().__init__(f"HTTP {status}: {body.get('message') or body}")
+        # "HTTP 400 (steps): must be between 1 and 1000, got 0": the parameter at fault, when the sidecar names one.
+        message = str(body.get("message") or body)
+        param = body.get("param") if isinstance(body, dict) else None
+        named = f" ({param})" if param and not message.startswith(f"{param}:") else ""
+        super().__init__(f"HTTP {status}{named}: {message}")
         self.status = status
         self.body = body
+
+
+class JobTimeout(TimeoutError):
+    """A job (capture, scan) the sidecar answered for did not reach a final state in the time waited."""
 
 
 class SidecarClient:
@@ -66,14 +72,20 @@ class SidecarClient:
     def status(self, capture_id: str) -> dict[str, Any]:
         return self.request("GET", f"/profile/{capture_id}")
 
-    def wait(self, capture_id: str, timeout: float = 300.0, poll: float = 0.25) -> dict[str, Any]:
+    def wait(self, capture_id: str, timeout: float = 300.0, poll: float = 0.25,
+             on_poll: Callable[[dict[str, Any]], None] | None = None, path: str = "/profile/") -> dict[str, Any]:
+        """Poll ``path + id`` (a capture; ``/sync/`` for a scan) until it is final; ``on_poll`` sees each
+        answer. ``JobTimeout`` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
-            status = self.status(capture_id)
+            status = self.request("GET", f"{path}{capture_id}")
+            if on_poll is not None:
+                on_poll(status)
             if status["state"] in FINAL:
                 return status
             if time.monotonic() > deadline:
-                raise TimeoutError(f"capture {capture_id} still {status['state']} after {timeout:.0f} s")
+                kind = "scan" if path.startswith("/sync") else "capture"
+                raise JobTimeout(f"{kind} {capture_id} still {status['state']} after {timeout:.0f} s of waiting")
             time.sleep(poll)
 
     def summary(self, capture_id: str) -> dict[str, Any]:
@@ -104,43 +116,3 @@ def describe(status: dict[str, Any]) -> str:
     if status.get("headline"):
         lines.append(f"  {status['headline']}")
     return "\n".join(lines)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("capture", help="record N steps of a running engine through the sidecar and wait for the result")
-    p.add_argument("--url", default=None, help=f"sidecar URL (default ${config.ENV_ENDPOINT} or {config.DEFAULT_ENDPOINT})")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--delay", type=int, default=None)
-    p.add_argument("--activities", default=None, help="cpu,cuda (default: what the host has)")
-    p.add_argument("--processes", default=None, help="e.g. worker, worker:0,engine_core")
-    p.add_argument("--stacks", choices=("none", "sampled", "traced"), default=None,
-                   help="Python stacks: sampled on a thread of the probe's own (cheap), or torch's traced stacks "
-                        "where the engine allows them (see docs/api.md, Python stacks)")
-    p.add_argument("--stack-hz", type=float, default=None, help="sampling rate of sampled stacks (default 1000)")
-    p.add_argument("--with-stack", action="store_true", help="the same as --stacks sampled")
-    p.add_argument("--record-shapes", action="store_true")
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the steps")
-    p.add_argument("--output", type=Path, default=None, help="also download the merged trace here")
-    p.add_argument("--json", action="store_true", help="print the capture's status JSON")
-    p.set_defaults(handler=_capture)
-
-
-def _capture(args: argparse.Namespace) -> int:
-    client = SidecarClient(args.url)
-    try:
-        started = client.start(
-            args.steps, delay=args.delay, activities=args.activities, processes=args.processes,
-            with_stack=args.with_stack or None, stacks=args.stacks, stack_hz=args.stack_hz,
-            record_shapes=args.record_shapes or None, timeout_s=args.timeout,
-        )
-        status = client.wait(started["id"], timeout=(args.timeout or config.DEFAULT_CAPTURE_TIMEOUT_S) + 60)
-        if args.output and status.get("trace"):
-            client.download(status["trace"], args.output)
-    except SidecarError as exc:
-        print(f"sidecar capture: {exc}", file=sys.stderr)
-        return 2
-    except (OSError, TimeoutError) as exc:
-        print(f"sidecar capture: cannot reach the sidecar at {client.url}: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(status, indent=1) if args.json else describe(status))
-    return 0 if status["state"] == "done" else 1

@@ -3,7 +3,8 @@ and the triggers from a shell.
 
 Each is one GET of the sidecar's API (docs/api.md) through ``SidecarClient``: the same answer as
 ``curl``, written to a file (``-o``; gzip-compressed when the name ends in ``.gz``) or printed. An
-error of the sidecar (a bad parameter, no engine connected) is printed with its message and exits 2.
+error of the sidecar (a bad parameter, no engine connected) or a sidecar out of reach is one line on
+stderr and exit status 2 (cli_common.run_command).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import config
-from .client import SidecarClient, SidecarError
+from .cli_common import add_connection_args, make_client, run_command
 
 
 def _url_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=None, help=f"sidecar URL (default ${config.ENV_ENDPOINT} or {config.DEFAULT_ENDPOINT})")
+    add_connection_args(p)
     p.add_argument("--processes", default=None, help="only these, e.g. worker, worker:0,engine_core")
 
 
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_stacks)
 
     p = subparsers.add_parser("triggers", help="list, add or delete the rules by which a slow server captures itself")
-    p.add_argument("--url", default=None, help=f"sidecar URL (default ${config.ENV_ENDPOINT} or {config.DEFAULT_ENDPOINT})")
+    add_connection_args(p)
     action = p.add_mutually_exclusive_group()
     action.add_argument("--add", type=Path, metavar="FILE", help="add the rules in FILE (one JSON rule, or a list)")
     action.add_argument("--delete", metavar="ID", help="delete this trigger")
@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_triggers)
 
     p = subparsers.add_parser("requests", help="the requests in flight across the engine, oldest first")
-    p.add_argument("--url", default=None, help=f"sidecar URL (default ${config.ENV_ENDPOINT} or {config.DEFAULT_ENDPOINT})")
+    add_connection_args(p)
     p.add_argument("--json", action="store_true", help="print the JSON answer")
     p.set_defaults(handler=_requests)
 
@@ -72,36 +72,32 @@ def _write(data: bytes, output: Path | None) -> None:
     print(f"wrote {output} ({output.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
 
 
-def _run(name: str, work) -> int:
-    try:
+def _run(name: str, client, work) -> int:
+    def done() -> int:
         work()
-    except SidecarError as exc:
-        print(f"sidecar {name}: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"sidecar {name}: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_command(name, client.url, done)
 
 
 def _recorder(args: argparse.Namespace) -> int:
     fmt = args.format
     if fmt is None:
         fmt = "trace" if args.output and args.output.name.endswith((".json.gz", ".trace.json")) else "json"
-    client = SidecarClient(args.url, timeout=60)
-    return _run("recorder", lambda: _write(
+    client = make_client(args, timeout=60)
+    return _run("recorder", client, lambda: _write(
         client.get_bytes("/recorder", _params(seconds=args.seconds, format=fmt, processes=args.processes)), args.output))
 
 
 def _stacks(args: argparse.Namespace) -> int:
-    client = SidecarClient(args.url, timeout=(args.seconds or 0) + 30)
+    client = make_client(args, timeout=(args.seconds or 0) + 30)
     params = _params(seconds=args.seconds, hz=args.hz, format=args.format, threads=args.threads,
                      processes=args.processes, mode="native" if args.native else None)
-    return _run("stacks", lambda: _write(client.get_bytes("/stacks", params), args.output))
+    return _run("stacks", client, lambda: _write(client.get_bytes("/stacks", params), args.output))
 
 
 def _requests(args: argparse.Namespace) -> int:
-    client = SidecarClient(args.url, timeout=30)
+    client = make_client(args)
 
     def work() -> None:
         answer = client.request("GET", "/requests")
@@ -117,11 +113,11 @@ def _requests(args: argparse.Namespace) -> int:
             if p.get("error"):
                 print(f"  ({p['process']}: {p['error']})")
 
-    return _run("requests", work)
+    return _run("requests", client, work)
 
 
 def _triggers(args: argparse.Namespace) -> int:
-    client = SidecarClient(args.url, timeout=30)
+    client = make_client(args)
 
     def work() -> None:
         if args.add is not None:
@@ -143,7 +139,7 @@ def _triggers(args: argparse.Namespace) -> int:
                       f"skipped {counts.get('skipped', 0)}")
 
     try:
-        return _run("triggers", work)
+        return _run("triggers", client, work)
     except ValueError as exc:  # the rules file is not JSON
         print(f"sidecar triggers: {args.add}: {exc}", file=sys.stderr)
         return 2

@@ -151,7 +151,7 @@ def test_capture_passes_the_stack_options(monkeypatch, capsys):
     summary line says per process which stacks it recorded."""
     import argparse
 
-    from sidecar import client
+    from sidecar import client, jobs_cli
 
     asked = {}
     final = {"id": "c1", "state": "done", "reason": None, "trace": None, "headline": None, "processes": [
@@ -160,9 +160,9 @@ def test_capture_passes_the_stack_options(monkeypatch, capsys):
         {"label": "worker rank 0 (pid 2)", "role": "worker", "state": "done", "steps_recorded": 5,
          "error": None, "bytes": 0, "file": None, "stacks": "traced"}]}
     monkeypatch.setattr(client.SidecarClient, "start", lambda self, steps, **params: asked.update(params, steps=steps) or {"id": "c1"})
-    monkeypatch.setattr(client.SidecarClient, "wait", lambda self, capture_id, timeout: final)
+    monkeypatch.setattr(client.SidecarClient, "wait", lambda self, capture_id, timeout, **kw: final)
     parser = argparse.ArgumentParser()
-    client.register(parser.add_subparsers())
+    jobs_cli.register(parser.add_subparsers())
     args = parser.parse_args(["capture", "--url", "http://127.0.0.1:9", "--stacks", "traced", "--stack-hz", "250"])
     assert args.handler(args) == 0
     assert asked["stacks"] == "traced" and asked["stack_hz"] == 250.0 and asked["steps"] == 5
