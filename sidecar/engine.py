@@ -62,6 +62,10 @@ API_SERVER = Role("api_server", "API server", step_driven=False)
 ENGINE_CORE = Role("engine_core", "engine core", step_driven=True)
 WORKER = Role("worker", "worker", step_driven=True, traced_stacks=True)
 STANDARD_ROLES: tuple[Role, ...] = (API_SERVER, ENGINE_CORE, WORKER)
+# The one process of a single-process engine: it schedules, runs the model and serves the requests
+# (a hand-written serving loop, ``sidecar.instrument``). Step-driven; its stacks are sampled, as its
+# time is Python as much as ops.
+SCHEDULER = Role("scheduler", "scheduler", step_driven=True)
 
 
 def _no_version() -> str:

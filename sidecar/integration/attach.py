@@ -38,9 +38,10 @@ def attach_probe(obj: Any, profile: EngineProfile, role: str, rank: int | None =
 
 
 def attach_telemetry(obj: Any, profile: EngineProfile, role: str, rank: int | None = None, *,
-                     steps: bool) -> Telemetry | None:
-    """Give ``obj`` its process telemetry once: samplers started, and with ``steps`` a step recorder
-    (``STEPS_ATTR``) that the step hook feeds. None where telemetry is off or failed to start."""
+                     steps: bool, gpu: bool = False) -> Telemetry | None:
+    """Give ``obj`` its process telemetry once: samplers started (with ``gpu``, NVML's too: one
+    process per host should), and with ``steps`` a step recorder (``STEPS_ATTR``) that the step hook
+    feeds. None where telemetry is off or failed to start."""
     if TELEMETRY_ATTR in obj.__dict__:
         return obj.__dict__[TELEMETRY_ATTR]
     obj.__dict__[TELEMETRY_ATTR] = None
@@ -50,7 +51,7 @@ def attach_telemetry(obj: Any, profile: EngineProfile, role: str, rank: int | No
         if not telemetry.settings.enabled:
             return None
         recorder = telemetry.step_recorder(role) if steps else None
-        telemetry.start_samplers(process=True)
+        telemetry.start_samplers(process=True, gpu=gpu)
     except Exception as exc:
         log.warning("inference-sidecar: telemetry not started in %s: %s", role, exc)
         return None
