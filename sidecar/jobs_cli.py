@@ -1,4 +1,5 @@
-"""``sidecar capture``, ``sync``, ``status``, ``list``, ``stop``: the sidecar's jobs from a shell.
+"""``sidecar capture``, ``sync``, ``status``, ``list``, ``stop``, ``summary``, ``download``, ``watch``,
+``metrics``: the sidecar's jobs and what they found, from a shell.
 
 Each prints a readable table or summary by default and the API's JSON with ``--json``, and exits
 non-zero with one line on stderr on any error (cli_common.run_command). A wait shows its
@@ -70,6 +71,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scans", action="store_true", help="sync scans instead of captures")
     p.add_argument("--json", action="store_true", help="print the JSON answer")
     p.set_defaults(handler=_list)
+
+    p = subparsers.add_parser("summary", help="a finished capture's analysis: the report, or its JSON")
+    add_connection_args(p)
+    p.add_argument("id", help="the capture id")
+    p.add_argument("--json", action="store_true", help="print the summary JSON (schema: docs/analysis.md)")
+    p.set_defaults(handler=_summary)
+
+    p = subparsers.add_parser("download", help="a capture's merged trace, or one process's file of it")
+    add_connection_args(p)
+    p.add_argument("id", help="the capture id")
+    p.add_argument("--file", default=None, metavar="NAME", help="one of the capture's files (`sidecar status ID --json` lists them)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="write it here (gzip-compressed JSON, as served)")
+    p.set_defaults(handler=_download)
+
+    p = subparsers.add_parser("watch", help="what the always-on sync watch has seen (SIDECAR_SYNC_WATCH=1)")
+    add_connection_args(p)
+    p.add_argument("--json", action="store_true", help="print the JSON answer")
+    p.set_defaults(handler=_watch)
+
+    p = subparsers.add_parser("metrics", help="the sidecar's Prometheus metrics, as a scrape sees them")
+    add_connection_args(p)
+    p.add_argument("--grep", default=None, metavar="TEXT", help="only the lines that contain TEXT")
+    p.set_defaults(handler=_metrics)
 
     p = subparsers.add_parser("stop", help="end the running capture (or scan) early, keeping what was recorded")
     add_connection_args(p)
@@ -256,3 +280,66 @@ def _stop(args: argparse.Namespace) -> int:
         return 0
 
     return run_command("stop", client.url, work)
+
+
+def _summary(args: argparse.Namespace) -> int:
+    client = make_client(args)
+
+    def work() -> int:
+        summary = client.summary(args.id)
+        if args.json:
+            _print_json(summary)
+        else:
+            from .analysis import format_report
+
+            sys.stdout.write(format_report(summary))
+        return 0
+
+    return run_command("summary", client.url, work)
+
+
+def _download(args: argparse.Namespace) -> int:
+    client = make_client(args, timeout=300)
+
+    def work() -> int:
+        path = f"/profile/{args.id}/files/{args.file}" if args.file else f"/profile/{args.id}/trace"
+        client.download(path, args.output)
+        print(f"wrote {args.output} ({args.output.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
+        return 0
+
+    return run_command("download", client.url, work)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    client = make_client(args)
+
+    def work() -> int:
+        watch = client.request("GET", "/syncs/watch")
+        if args.json:
+            _print_json(watch)
+            return 0
+        for p in watch["processes"]:
+            why = f" ({p['reason']})" if p.get("reason") else ""
+            print(f"{p['process']}: {p['state']}{why}, every {p.get('every', '-')} steps, "
+                  f"{p.get('sampled_steps', 0):,} sampled")
+        if not watch["processes"]:
+            print("no engine process reports a sync watch (SIDECAR_SYNC_WATCH=1 in the engine's environment)")
+        rows = [[s["classification"], s["op"], s.get("phase", ""), f"{s['count']:,}", f"{s.get('count_per_step', 0):g}",
+                 f"{s.get('path') or s.get('file')}:{s.get('line')} ({s.get('function', '')})"] for s in watch["sites"]]
+        if rows:
+            print(table(rows, ["class", "op", "phase", "count", "per step", "site"]))
+        return 0
+
+    return run_command("watch", client.url, work)
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    client = make_client(args)
+
+    def work() -> int:
+        text = client.get_bytes("/metrics").decode()
+        lines = [line for line in text.splitlines() if args.grep is None or args.grep in line]
+        print("\n".join(lines))
+        return 0
+
+    return run_command("metrics", client.url, work)

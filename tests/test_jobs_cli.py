@@ -4,6 +4,7 @@ stderr and a non-zero exit on any error."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import subprocess
@@ -67,6 +68,18 @@ def test_capture_sync_status_list_and_stop(sidecar):
     assert listed.returncode == 0 and listed.stdout.splitlines()[1].startswith(capture["id"])
     scans = json.loads(cli(sidecar, "list", "--scans", "--json").stdout)["scans"]
     assert scans[0]["hidden"] == 1
+
+    report = cli(sidecar, "summary", capture["id"])
+    assert report.returncode == 0 and report.stdout.startswith("Trace: ") and "Summary: CPU only" in report.stdout
+    assert json.loads(cli(sidecar, "summary", capture["id"], "--json").stdout)["schema_version"] == 1
+    out = Path(sidecar.work_dir) / "trace.json.gz"
+    got = cli(sidecar, "download", capture["id"], "-o", str(out))
+    assert got.returncode == 0, got.stderr
+    assert any(e.get("name", "").startswith("ProfilerStep#") for e in json.loads(gzip.decompress(out.read_bytes()))["traceEvents"])
+    watch = cli(sidecar, "watch")
+    assert watch.returncode == 0 and "no engine process reports a sync watch" in watch.stdout
+    metrics = cli(sidecar, "metrics", "--grep", "sidecar_captures_total")
+    assert metrics.returncode == 0 and 'state="done"' in metrics.stdout
 
     nothing = cli(sidecar, "stop")
     assert nothing.returncode == 2 and nothing.stdout == ""
