@@ -125,6 +125,13 @@ def _serve(args: argparse.Namespace) -> int:
         min_free_bytes=args.min_free_mb * 2**20,
         triggers=tuple(triggers),
     )
-    # Not web.run_app: serving.serve answers in JSON even what aiohttp's HTTP parser refuses.
-    serve(make_app(settings), args.host, args.port, _listening(settings.trace_dir))
+    from .tracing import start_tracing
+
+    stop_tracing = start_tracing()  # the sidecar's own spans, where OTEL_* names a backend
+    try:
+        # Not web.run_app: serving.serve answers in JSON even what aiohttp's HTTP parser refuses.
+        serve(make_app(settings), args.host, args.port, _listening(settings.trace_dir))
+    finally:
+        if stop_tracing is not None:
+            stop_tracing()
     return 0

@@ -60,7 +60,7 @@ def make_resource(role: str, rank: int | None = None, service_name: str = GENERI
     return resource
 
 
-def _otlp_span_exporter(protocol: str) -> SpanExporter:
+def otlp_span_exporter(protocol: str) -> SpanExporter:
     if protocol == PROTOCOL_GRPC:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
@@ -126,7 +126,7 @@ class Telemetry:
 
         self.tracer_provider: TracerProvider | None = None
         if settings.enabled and (settings.traces or span_exporter is not None):
-            exporter = span_exporter or _otlp_span_exporter(settings.traces_protocol)
+            exporter = span_exporter or otlp_span_exporter(settings.traces_protocol)
             dropped = self.meter.create_counter(SPANS_DROPPED, unit="{span}",
                                                 description="Spans dropped before export, by reason.")
             for reason in (DROP_QUEUE_FULL, DROP_EXPORT_FAILED, DROP_SHUTDOWN):

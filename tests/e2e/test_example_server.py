@@ -18,12 +18,11 @@ import sys
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from otlp_receiver import OtlpReceiver
 from sidecar.client import SidecarClient
 from sidecar.devtools.stack import Stack
 from sidecar.verdicts import FINAL
@@ -42,52 +41,6 @@ class ExampleStack(Stack):
     def server_command(self) -> list[str]:
         return [sys.executable, str(EXAMPLE), "--model", str(self.model_dir), "--served-name", self.served_name,
                 "--port", str(self.server_port), "--max-batch", "4", *self.server_args]
-
-
-class OtlpReceiver:
-    """An OTLP/HTTP trace endpoint (protobuf, as the OpenTelemetry SDK's exporter sends): spans kept."""
-
-    def __init__(self) -> None:
-        spans, lock = [], threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                export = ExportTraceServiceRequest.FromString(body)
-                with lock:
-                    for rs in export.resource_spans:
-                        for ss in rs.scope_spans:
-                            spans.extend(_span(s) for s in ss.spans)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.spans, self._lock = spans, lock
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1/traces"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def snapshot(self) -> list[dict]:
-        with self._lock:
-            return list(self.spans)
-
-    def close(self) -> None:
-        self._server.shutdown()
-
-
-def _span(s) -> dict:
-    def value(v):
-        kind = v.WhichOneof("value")
-        return [value(x) for x in v.array_value.values] if kind == "array_value" else getattr(v, kind)
-
-    return {"name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-            "parent_id": s.parent_span_id.hex() or None, "start_ns": s.start_time_unix_nano,
-            "end_ns": s.end_time_unix_nano, "attributes": {a.key: value(a.value) for a in s.attributes}}
 
 
 class Load:
