@@ -26,9 +26,15 @@ probe → sidecar
   sync       {job_id, state, steps_recorded, steps_seen?, first_step?, treat_cpu_as_device, sites?,
               error?, stop_reason?}
   answer     {query_id, kind, data?, file?, error?}   the answer to a query (below)
+  request_capture          {ask, request_id, steps}  a window process (the API server) asks for a
+                                                   capture bound to one request, which waits for the
+                                                   answer; ``steps`` is the cap
+  request_capture_release  {ask, reason}           the request went on without waiting any longer
+                                                   (or was cancelled): stop that ask's capture
 sidecar → probe
   challenge  {nonce, proof}                        HMAC("sidecar", probe nonce, sidecar nonce)
   arm        {spec: CaptureSpec}    the probe answers ``capture`` state=armed with steps_seen
+                                    (``spec.request_id``: a capture bound to a request, below)
   sync_arm   {spec: SyncSpec}       the probe answers ``sync`` state=armed with steps_seen
   begin      {job_id, start_step}   record from this working step on, the same in every process
   stop       {job_id, reason}       end early, keeping what was recorded
@@ -42,11 +48,25 @@ sidecar → probe
                                     "requests": the requests in flight this process knows. Answered
                                     from the probe's own threads, never the step thread, so a probe
                                     whose engine is stuck in a step still answers.
+  request_capture_answer  {ask, capture_id?, url?, skipped?}
+                                    the capture of an ask is armed in every step-driven process
+                                    (``capture_id``, its ``url`` path), or why there is none
+                                    (``skipped``: another job runs, no engine process, not armed in
+                                    time); the request waits for nothing else
 
 Job ids are unique across kinds (a scan's starts with ``s``), so ``begin`` and ``stop`` serve both.
 An id is never a path component such as ``..`` (``JobId``). A capture names no directory: each probe
 writes ``<its trace root>/captures/<job id>/raw/<process file stem>.json`` and reports that path;
 with sampled stacks, its raw samples beside it (``<stem>.stacks.msgpack``, sidecar/stack_samples.py).
+
+A capture bound to a request (``CaptureSpec.request_id``) begins at once in each step-driven probe,
+from its own step count when it is armed: the request waits for every "armed" before its first step,
+so that step is recorded; the sidecar's ``begin`` (the highest of the counts, no lead) only aligns the
+processes further when it arrives before their first step. It ends after ``steps`` working steps or
+when the request does (``REQUEST_ENDED``: the engine integration ends it on each step thread).
+
+Version 7: request-scoped captures (issue 11): ``CaptureSpec.request_id``, ``request_capture``,
+``request_capture_answer``, ``request_capture_release``.
 
 Version 6: queries (flight recorder, stacks, requests in flight) and the heartbeat's step age,
 watchdog and in-flight fields (issue 11).
@@ -62,7 +82,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 PROBE_WS_PATH = "/probe/ws"
 RECORDER_DIR = "recorder"  # <trace root>/recorder/<process file stem>-q<query id>.json: a recorder dump
 # Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
@@ -80,6 +100,12 @@ ROLE_PATTERN = r"^[a-z][a-z0-9_]{0,31}\Z"  # a role's name: on the wire, in proc
 RoleName = Annotated[str, msgspec.Meta(pattern=ROLE_PATTERN)]
 MAX_TEXT = 4096
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+MAX_REQUEST_ID = 512  # an engine's request id may hold a client's X-Request-Id: longer ones are cut
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)]
+AskId = Annotated[int, msgspec.Meta(ge=1, le=2**53)]
+# The stop reason of a request-scoped capture that ended with its request (not its step cap): the
+# probes report it, and the sidecar judges such a capture complete (captures.py).
+REQUEST_ENDED = "the request ended"
 Activity = Literal["cpu", "cuda"]
 # Python stacks in a capture (docs/api.md, "Python stacks"): "sampled" reads the step thread's stack
 # from a thread of the probe's own (sidecar/probe/stack_sampler.py); "traced" is torch.profiler's
@@ -150,6 +176,8 @@ class CaptureSpec(msgspec.Struct, frozen=True, kw_only=True):
     stack_hz: StackHz = DEFAULT_STACK_HZ
     profile_memory: bool = False
     with_flops: bool = False
+    # The request this capture is bound to (a request-scoped capture); None: any other capture.
+    request_id: RequestId | None = None
 
 
 class SyncSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -285,8 +313,34 @@ class Answer(_Message, tag="answer", kw_only=True):
     error: Text | None = None
 
 
-FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, Answer]
-FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query]
+class RequestCapture(_Message, tag="request_capture", kw_only=True):
+    """Capture the steps of this request, at most ``steps`` (a window process asks: the API server,
+    whose request waits for the answer)."""
+
+    ask: AskId  # unique per probe connection; the answer and a release name it
+    request_id: RequestId
+    steps: Steps
+
+
+class RequestCaptureAnswer(_Message, tag="request_capture_answer", kw_only=True):
+    """The capture is armed in every step-driven process (``capture_id``), or why not (``skipped``)."""
+
+    ask: AskId
+    capture_id: JobId | None = None
+    url: Text | None = None  # the capture's path on the sidecar's HTTP API: /profile/<id>
+    skipped: Text | None = None
+
+
+class RequestCaptureRelease(_Message, tag="request_capture_release", kw_only=True):
+    """The request no longer waits for this ask (it gave up, or was cancelled): its capture, if one
+    was started, is stopped."""
+
+    ask: AskId
+    reason: Text = "released"
+
+
+FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, Answer, RequestCapture, RequestCaptureRelease]
+FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer]
 JobReport = Union[CaptureReport, SyncReport]
 
 

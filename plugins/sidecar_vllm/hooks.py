@@ -4,7 +4,11 @@
   ``__init__``, so the class is patched before any engine is built (general plugins load first).
 - ``Worker.execute_model`` (+ ``sample_tokens`` when sampling is deferred to it): a worker's step.
   CPU, XPU and other workers subclass the GPU ``Worker``.
-- ``AsyncLLM.__init__``: the API server, which records for the capture window on its event loop.
+- ``AsyncLLM.__init__``: the API server, which records for the capture window on its event loop,
+  and asks for the captures of requests that ask to be captured (request_capture.py: its
+  request-path patches are installed there, in the API server only). The engine core and the
+  workers get the method that ends such a capture on their step threads (capture_end.py) with these
+  patches.
 
 Step telemetry (docs/telemetry.md): each worker gets a ``StepRecorder`` from ``sidecar.telemetry``;
 a worker step with work costs two ``time.time_ns()`` calls and one deque append, and the recorder's
@@ -31,7 +35,9 @@ from operator import countOf
 from sidecar.integration import attach, patching
 from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR, TELEMETRY_ATTR  # noqa: F401 (bench, tests)
 
+from . import capture_end
 from .profile import ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER, VLLM_PROFILE
+from .request_capture import attach_request_captures
 from .requests_view import requests_in_flight
 
 log = logging.getLogger(__name__)
@@ -171,10 +177,16 @@ def _wrap_async_llm_init(original):
         except Exception as exc:
             log.warning("inference-sidecar: request telemetry not attached to the engine: %s", exc)
         # The API server's capture window ends in a capture span linked to the requests in flight.
-        on_report = logger.captures.on_report if logger is not None and logger.captures is not None else None
+        capture_spans = logger.captures if logger is not None else None
+        on_report = capture_spans.on_report if capture_spans is not None else None
         probe = _attach_probe(self, ROLE_API_SERVER, None, loop=loop, on_capture_report=on_report)
         if probe is not None and logger is not None:
             logger.request_ring = probe.request_ring  # the flight recorder's finished requests
+        if probe is not None:  # requests with X-Sidecar-Profile ask through this probe
+            try:
+                attach_request_captures(self, probe, capture_spans)
+            except Exception as exc:
+                log.warning("inference-sidecar: request-scoped captures are off: %s", exc)
 
     return __init__
 
@@ -194,3 +206,4 @@ PATCHES: tuple[patching.Patch, ...] = (
 def install() -> None:
     """Apply every patch (idempotent: vLLM may load plugins more than once per process)."""
     patching.install(PATCHES)
+    capture_end.install()

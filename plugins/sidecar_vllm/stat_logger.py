@@ -19,6 +19,11 @@ logger what it needs alongside the ``IterationStats`` it already receives:
   duration of that call) and attaches them to the request's state, so the request span becomes a child
   of the caller's span with nothing but the standard ``OTEL_*`` variables configured.
 
+A request that asked to be captured (request_capture.py) has what became of its ask in
+``request_capture.CAPTURED`` while ``OutputProcessor.add_request`` runs: it is kept on the request's
+state for its span (``sidecar.capture.id``, ``.url``, ``.skipped``), and the span ids chosen for the
+request are handed back to it, for the capture's span to link to.
+
 With span export on, ``attach_to_async_llm`` (called by hooks.py once ``AsyncLLM`` is built) also
 gives the ``OutputProcessor`` an ``InFlightRequests``: each request's span ids are chosen when it
 arrives, so a capture span can link to requests still running when the capture ends
@@ -51,6 +56,7 @@ from sidecar.telemetry import (
 )
 
 from .profile import ROLE_API_SERVER, VLLM_PROFILE
+from .request_capture import CAPTURED
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,7 @@ FINISHED_ATTR = "_inference_sidecar_finished"  # on an IterationStats: [(Request
 ABORTED_ATTR = "_inference_sidecar_aborted"  # on an OutputProcessor: aborted, not yet handed over
 IN_FLIGHT_ATTR = "_inference_sidecar_in_flight"  # on an OutputProcessor: its InFlightRequests
 SPAN_ATTR = "_inference_sidecar_span_context"  # on a RequestState: the request span's ids, chosen on arrival
+CAPTURE_ATTR = "_inference_sidecar_capture"  # on a RequestState: its ask's CaptureOutcome (request_capture.py)
 
 _TRACE_HEADERS: contextvars.ContextVar = contextvars.ContextVar("inference_sidecar_trace_headers", default=None)
 # When the OpenAI handler received the request (wall clock). vLLM's own arrival_time is stamped after
@@ -104,7 +111,8 @@ def _wrap_output_add_request(original):
         headers = _TRACE_HEADERS.get()
         in_flight = self.__dict__.get(IN_FLIGHT_ATTR)
         http_arrival = _HTTP_ARRIVAL.get()
-        if headers or in_flight is not None or http_arrival is not None:
+        captured = CAPTURED.get()
+        if headers or in_flight is not None or http_arrival is not None or captured is not None:
             state = self.request_states.get(request.request_id)
             if state is not None:
                 if http_arrival is not None:
@@ -113,6 +121,9 @@ def _wrap_output_add_request(original):
                     state.__dict__[HEADERS_ATTR] = headers
                 if in_flight is not None:
                     state.__dict__[SPAN_ATTR] = in_flight.begin(request.request_id, headers)
+                if captured is not None:
+                    state.__dict__[CAPTURE_ATTR] = captured
+                    captured.span_context = state.__dict__.get(SPAN_ATTR)
         return result
 
     return add_request
@@ -185,6 +196,7 @@ def finished_request(req_state: Any, finish_reason: Any, finished_time: float, m
     # Start the request where the server received it (see _HTTP_ARRIVAL), not where vLLM stamped it.
     http_arrival = req_state.__dict__.get(HTTP_ARRIVAL_ATTR)
     lead = max(0.0, stats.arrival_time - http_arrival) if http_arrival else 0.0
+    captured = req_state.__dict__.get(CAPTURE_ATTR)
     return FinishedRequest(
         request_id=request_id,
         model=req_state.lora_name or model,
@@ -206,6 +218,9 @@ def finished_request(req_state: Any, finish_reason: Any, finished_time: float, m
         top_p=req_state.top_p,
         trace_headers=req_state.__dict__.get(HEADERS_ATTR),
         span_context=req_state.__dict__.get(SPAN_ATTR),
+        capture_id=captured.capture_id if captured is not None else None,
+        capture_url=captured.url if captured is not None else None,
+        capture_skipped=captured.skipped if captured is not None else None,
     )
 
 

@@ -9,6 +9,8 @@ trace_root.py  where a probe writes: only <its root>/captures/<id>/raw/ and <its
 limits.py    the probe's own limits on steps, duration and trace bytes
 queries.py   answers to the sidecar's queries (flight recorder, stacks, requests), off the step thread
 watchdog.py  a step that runs too long: reported stuck, stacks dumped once
+profile_header.py  which requests ask to be captured (X-Sidecar-Profile, baggage sidecar.profile)
+request_capture.py  asking the sidecar for a request's capture from the API server's event loop
 """
 
 from .probe import Probe

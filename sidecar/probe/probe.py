@@ -35,6 +35,7 @@ from ..protocol import (
     InFlight,
     ProcessIdentity,
     Query,
+    RequestCaptureAnswer,
     Stop,
     SyncArm,
     SyncReport,
@@ -50,6 +51,7 @@ from .limits import ProbeLimits
 from .link import SidecarLink
 from .queries import QueryAnswerer
 from .recorder import StepCapture, WindowCapture, stack_mode
+from .request_capture import RequestCaptureAsks
 from .trace_root import TraceRoot
 from .watchdog import Watchdog, threshold_from_environment
 from ..step_window import clip
@@ -144,6 +146,12 @@ class Probe:
             heartbeat=self._heartbeat,
             warmup=_warm_profiler_imports,
         )
+        # A process that receives requests (a window role, the API server) asks for request-scoped
+        # captures from its event loop; step-driven processes only record them.
+        self.request_captures: RequestCaptureAsks | None = None
+        if not self.identity.step_driven:
+            self.request_captures = RequestCaptureAsks(self._link.send, self._link.connected,
+                                                       endpoint or config.endpoint())
         self._queries = QueryAnswerer(
             send=self._link.send, recorder_dump=self.recorder_dump,
             recorder_file=lambda query_id: self.trace_root.recorder_file(query_id, self.identity.file_stem),
@@ -205,6 +213,23 @@ class Probe:
             if scan.finished:
                 self._scan = None
 
+    def end_capture(self, job_id: str, reason: str) -> bool:
+        """End the capture ``job_id`` now, on the calling thread, which must be the step thread (an
+        engine integration calls it between steps: torch.profiler stops only on the thread that
+        started it). An armed capture is cancelled; a recording one stops and exports. False: no such
+        capture here (it already ended: its step cap, or another job since)."""
+        capture = self._capture
+        if capture is None or capture.spec.id != job_id:
+            return False
+        try:
+            capture.end_now(reason)
+        except Exception as exc:  # the engine's own call path must not see a profiler error
+            self._abandon(capture, exc)
+            return True
+        if capture.finished:
+            self._capture = None
+        return True
+
     def _abandon(self, capture: StepCapture, exc: Exception) -> None:
         log.warning("inference-sidecar: capture %s abandoned: %s", capture.spec.id, exc)
         capture.abandon(f"profiler error on the step path: {exc}")
@@ -229,6 +254,9 @@ class Probe:
                 self._tell_capture_listener(msg)
             case Query():
                 self._queries.answer(msg)
+            case RequestCaptureAnswer():
+                if self.request_captures is not None:
+                    self.request_captures.on_answer(msg)
 
     def _job(self, job_id: str):
         """The capture or scan of this probe with that id (ids are unique across kinds); None."""
@@ -259,8 +287,13 @@ class Probe:
         if self.identity.step_driven:
             capture = StepCapture(spec, path, self._link.send, self._exporter, self.identity.cuda, self.limits,
                                   stacks)
+            steps_seen = self.steps
+            if spec.request_id is not None:
+                # Bound to a request that waits for every "armed" before its first step: begin now,
+                # from this count, so that step is recorded whenever the sidecar's begin arrives.
+                capture.begin(steps_seen)
             self._capture = capture
-            capture.report_armed(self.steps)
+            capture.report_armed(steps_seen)
         else:
             capture = WindowCapture(spec, path, self._report_window, self._exporter, self._loop, self.identity.cuda,
                                     self.limits, stacks)
@@ -352,6 +385,8 @@ class Probe:
         return dump
 
     def _on_disconnect(self) -> None:
+        if self.request_captures is not None:
+            self.request_captures.on_disconnect()
         self._watch_sent = -1  # a new sidecar (or the same, restarted) needs the report again
         self._slowest_read = None
         capture = self._capture

@@ -124,6 +124,7 @@ class StepCapture(StepWindow):
         if limits is not None:
             self.limit_time(limits.max_capture_s, limits.duration_reason)
         self._prof = None
+        self._recording_thread: int | None = None  # the thread that started the profiler: only it may stop it
         # Time the profiler's own calls took on the thread that runs the engine (start, each step,
         # stop): what the capture cost the step loop directly, reported with every state.
         self._on_step_thread_ns = 0
@@ -154,8 +155,18 @@ class StepCapture(StepWindow):
             sampler.close()
 
     # -- the window's hooks (step thread) ----------------------------------------------------------
+    def end_now(self, reason: str) -> None:
+        """End the window on the calling thread, between steps: an armed window is cancelled; a
+        recording one stops now when this is the thread that started it (the engine's step thread),
+        else at its next step boundary, as a stop request does."""
+        if self.request_stop(reason):
+            return
+        if threading.get_ident() == self._recording_thread:
+            self._close()
+
     def _start_recording(self) -> None:
         began = perf_counter_ns()
+        self._recording_thread = threading.get_ident()
         self._prof = make_profiler(self.spec, self._cuda, with_stack=self.stacks == "traced")
         self._prof.start()  # opens ProfilerStep#0
         sampler = self._sampler

@@ -26,6 +26,7 @@ from .openapi import OPENAPI_PATH, openapi_json
 from .params import ParamError
 from .probe_channel import add_probe_channel
 from .registry import ProbeRegistry
+from .request_captures import REQUEST_CAPTURES, RequestCaptures
 from .responses import JSON, http_exception_json, json_error
 from .scan_routes import add_scan_routes
 from .scans import ScanManager
@@ -106,12 +107,15 @@ def make_app(settings: ServiceSettings) -> web.Application:
     )
     app[METRICS_REGISTRY].register(WatchCollector(registry))
     app[METRICS_REGISTRY].register(EngineStateCollector(registry))
+    # Requests that ask to be captured (X-Sidecar-Profile) reach it over the probe channel.
+    app[REQUEST_CAPTURES] = RequestCaptures(app[CAPTURES], capture_metrics, max_steps=settings.max_steps)
     app[SCANS] = ScanManager(registry, board, settings.trace_dir / "scans", keep=settings.keep,
                              keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, on_finished=SyncFindings(app[METRICS_REGISTRY]).observe)
 
     async def lifecycle(app: web.Application):
         yield
         await app[TRIGGERS].close()
+        await app[REQUEST_CAPTURES].close()
         await board.close()
         for ws in [c.ws for c in registry.all()]:
             await ws.close()

@@ -7,6 +7,12 @@ steps, so one ``begin`` with a start step ahead of all the counts makes every pr
 ``BEGIN_LEAD_S`` at the fastest observed step rate. ``delay`` (working steps to skip) is added here
 and nowhere else: the probes are told only where to start.
 
+A capture bound to a request (captures.py) has no lead and no delay: the request waits for every
+"armed" and then runs at once, so its first step may be any step after the counts the probes
+answered with, and each probe began from its own count when it was armed (sidecar/protocol.py).
+``at_once`` is the highest of those counts: it still covers the request's first step, and every
+process that has not begun yet when it arrives starts at the same step as the others.
+
 A rate is only ever measured between two counts this sidecar received on one connection
 (registry.py): right after a (re)connect there may be none. Then the lead is the minimum, on purpose:
 a lead too short makes a process start a step or two late (the capture's notes name it), while one
@@ -37,3 +43,8 @@ def lead_steps(fastest_rate: float | None) -> int:
 def start_step(steps_seen: Iterable[int], fastest_rate: float | None, delay: int) -> int:
     """``max(steps_seen) + lead + delay``; ``steps_seen`` must not be empty."""
     return max(steps_seen) + lead_steps(fastest_rate) + delay
+
+
+def at_once(steps_seen: Iterable[int]) -> int:
+    """The start step of a job that must record the next working step: ``max(steps_seen)`` (not empty)."""
+    return max(steps_seen)

@@ -33,6 +33,7 @@ def capture_json(capture: Capture) -> dict[str, Any]:
         "summary": f"{url}/summary" if capture.summary_file else None,
         "processes": [_process_json(p) for p in capture.processes],
         "trigger": capture.trigger,
+        "request": capture.bound_request,
         "files": {name: f"{url}/files/{name}" for name in capture.files()},
         "options": {
             "activities": list(r.activities) or "host default",

@@ -8,6 +8,11 @@ step-driven processes have finished, the compression, merge and analysis on the 
 samples beside its trace, and their slices and summary are built there too), and ``capture.json``
 beside the files. A capture its user stopped before any engine step is ``cancelled``: nothing is
 merged, and the API server's raw files are deleted.
+
+A capture bound to a request (``BoundCaptureRequest``, started by request_captures.py) differs in
+two ways only: it starts at once (``arming.at_once``: its request waits for every process to be
+armed, then runs), and its ``steps`` are a cap: a capture whose processes stopped because the request
+ended (``REQUEST_ENDED``) recorded all it was asked for, and is judged on the steps they recorded.
 """
 
 from __future__ import annotations
@@ -17,13 +22,13 @@ import json
 import logging
 import shutil
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from ..protocol import P_DONE, P_FAILED, Arm, CaptureReport, CaptureSpec, Verdict
+from ..protocol import P_DONE, P_FAILED, REQUEST_ENDED, Arm, CaptureReport, CaptureSpec, Verdict
 from ..step_window import clip
-from . import disk_space, merge
+from . import arming, disk_space, merge
 from .arming import ARM_REPLY_S
 from .job_board import JobBoard
 from .job_manager import STOP_GRACE_S, JobManager
@@ -38,6 +43,14 @@ log = logging.getLogger(__name__)
 def capture_url(capture_id: str) -> str:
     """Where the HTTP API serves a capture (``GET /profile/{id}``; its trace at ``…/trace``)."""
     return f"/profile/{capture_id}"
+
+
+@dataclass(frozen=True)
+class BoundCaptureRequest(CaptureRequest):
+    """A capture of one request's steps: ``steps`` is the cap (request_captures.py)."""
+
+    request_id: str = ""
+    asked_by: str = ""  # the process that asked (the API server's label)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -65,6 +78,8 @@ class Capture(Job):
     summary_file: str | None = None
     window_stop_sent: bool = False
     trigger: dict[str, Any] | None = None  # the trigger firing that started it (triggers.py); None: a user did
+    # The request it is bound to: {"id", "max_steps", "asked_by"} (request_captures.py); None: not bound.
+    bound_request: dict[str, Any] | None = None
 
     def spec(self) -> CaptureSpec:
         r = self.request
@@ -72,6 +87,7 @@ class Capture(Job):
             id=self.id, steps=r.steps, activities=r.activities,
             record_shapes=r.record_shapes, stacks=r.stacks, stack_hz=r.stack_hz,
             profile_memory=r.profile_memory, with_flops=r.with_flops,
+            request_id=self.bound_request["id"] if self.bound_request else None,
         )
 
     def files(self) -> list[str]:
@@ -120,9 +136,12 @@ class CaptureManager(JobManager[Capture]):
         # A capture on a full disk fails late and leaves half-written files: refuse it now.
         disk_space.ensure_room(self._trace_dir, self._min_free_bytes)
         capture_id = self.kind.new_id()
+        bound = None
+        if isinstance(request, BoundCaptureRequest):
+            bound = {"id": request.request_id, "max_steps": request.steps, "asked_by": request.asked_by}
         capture = Capture(
             id=capture_id, request=request, dir=self._trace_dir / "captures" / capture_id,
-            processes=[CaptureProcess(conn=c, identity=c.identity) for c in chosen],
+            processes=[CaptureProcess(conn=c, identity=c.identity) for c in chosen], bound_request=bound,
         )
         capture.dir.mkdir(parents=True, exist_ok=True)
         # Written now, not only at the end: a sidecar killed during the capture leaves what was asked
@@ -132,6 +151,16 @@ class CaptureManager(JobManager[Capture]):
 
     def _arm_message(self, capture: Capture) -> Arm:
         return Arm(spec=capture.spec())
+
+    def _start_step(self, capture: Capture, replied: list[CaptureProcess]) -> int:
+        if capture.bound_request is not None:  # its request runs as soon as every process is armed
+            return arming.at_once(p.steps_seen for p in replied)
+        return super()._start_step(capture, replied)
+
+    async def stop_capture(self, capture: Capture, reason: str) -> None:
+        """Stop ``capture`` if it still runs (a released request capture); another job is left alone."""
+        if capture is self.active:
+            await self._request_stop(capture, reason)
 
     def _take_result(self, capture: Capture, rec: CaptureProcess, report: CaptureReport) -> None:
         rec.raw_file, rec.bytes = report.file or "", report.bytes
@@ -200,6 +229,7 @@ class CaptureManager(JobManager[Capture]):
         capture.summary_file, capture.headline = result.summary_file, result.headline
         # The API server's window alone, without any engine step, answers nothing.
         has_result = capture.trace_file is not None and any(p.state == P_DONE for p in capture.step_driven)
+        _judge_by_the_request(capture)
         self._conclude(capture, result.problems, has_result=has_result)
 
     def _save(self, capture: Capture) -> None:
@@ -213,3 +243,15 @@ class CaptureManager(JobManager[Capture]):
 
     def _footprint(self, capture: Capture) -> int:
         return disk_space.tree_bytes(capture.dir)
+
+
+def _judge_by_the_request(capture: Capture) -> None:
+    """A bound capture whose processes stopped because its request ended asked for the steps they
+    recorded (the fewest, when a busy engine made one process begin a step later): the verdict then
+    finds nothing missing. Its cap stays in ``bound_request``."""
+    if capture.bound_request is None:
+        return
+    ended = [p.steps_recorded for p in capture.step_driven
+             if p.state == P_DONE and p.stop_reason == REQUEST_ENDED and p.steps_recorded > 0]
+    if ended:
+        capture.request = replace(capture.request, steps=min(ended))

@@ -190,13 +190,17 @@ class JobManager(Generic[J]):
             if rec.state == P_ARMED and rec.steps_seen is None:
                 job.move(rec, P_LOST, f"did not answer 'arm' within {self._arm_reply_s:g} s")
         if replied:
-            fastest = arming.fastest_rate(p.conn.step_rate for p in replied)
-            job.start_step = arming.start_step((p.steps_seen for p in replied), fastest, job.request.delay)
+            job.start_step = self._start_step(job, replied)
             begin = Begin(job_id=job.id, start_step=job.start_step)
             for rec in replied:
                 if not await rec.conn.send(begin):
                     job.move(rec, P_LOST, "probe unreachable when beginning")
         await self._progress(job)
+
+    def _start_step(self, job: J, replied: list[ProcessRun]) -> int:
+        """The common start step sent in ``begin`` (arming.py); a kind may start its jobs otherwise."""
+        fastest = arming.fastest_rate(p.conn.step_rate for p in replied)
+        return arming.start_step((p.steps_seen for p in replied), fastest, job.request.delay)
 
     # -- probe events ------------------------------------------------------------------------------
     async def on_report(self, conn: ProbeConnection, report: JobReport) -> None:

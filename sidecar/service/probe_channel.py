@@ -9,7 +9,8 @@ else, or a wrong proof, is refused with 4400 and logged, and only a probe whose 
 registered and sent anything more. Every later frame is decoded and validated as a whole
 (``protocol.decode_from_probe``) before anything of it is applied; a malformed one is logged and
 dropped, and the connection goes on. Heartbeats update the process's step count and sync watch;
-job reports go to the job board, which routes them by job id.
+job reports go to the job board, which routes them by job id; a request's ask for a capture (and its
+release) to request_captures.py.
 
 On shutdown every probe websocket, registered or still in its handshake, is closed (1001, going
 away) with a bounded wait: aiohttp waits for open handlers before it exits (``shutdown_timeout``,
@@ -28,11 +29,13 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from .. import auth
 from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, Answer, CaptureReport, Challenge, Heartbeat, Hello, Proof,
-                        ProtocolError, ProtocolVersionError, SyncReport, decode_from_probe, decode_hello, encode)
+                        ProtocolError, ProtocolVersionError, RequestCapture, RequestCaptureRelease, SyncReport,
+                        decode_from_probe, decode_hello, encode)
 from .job_board import JobBoard
 from .keys import JOBS, QUERIES, REGISTRY, SETTINGS
 from .queries import QueryBroker
 from .registry import ProbeConnection, ProbeRegistry
+from .request_captures import REQUEST_CAPTURES, RequestCaptures
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ async def _session(request: web.Request, ws: web.WebSocketResponse) -> None:
     conn = app[REGISTRY].add(hello.process, ws)
     log.info("probe connected: %s", conn.identity.label)
     try:
-        await _serve(ws, conn, app[REGISTRY], app[JOBS], app[QUERIES])
+        await _serve(ws, conn, app[REGISTRY], app[JOBS], app[QUERIES], app[REQUEST_CAPTURES])
     finally:
         app[REGISTRY].remove(conn)
         log.info("probe disconnected: %s", conn.identity.label)
@@ -132,7 +135,7 @@ async def _authenticate(ws: web.WebSocketResponse, hello: Hello, token: str, pee
 
 
 async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, registry: ProbeRegistry, jobs: JobBoard,
-                 queries: QueryBroker) -> None:
+                 queries: QueryBroker, request_captures: RequestCaptures) -> None:
     dropped = 0
     async for frame in ws:
         if frame.type != WSMsgType.TEXT:
@@ -152,6 +155,10 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, registry: Pro
             await jobs.on_report(conn, msg)
         elif isinstance(msg, Answer):
             queries.on_answer(conn, msg)
+        elif isinstance(msg, RequestCapture):
+            request_captures.on_ask(conn, msg)
+        elif isinstance(msg, RequestCaptureRelease):
+            await request_captures.on_release(conn, msg)
     if dropped > 1:
         log.warning("probe %s: %d malformed messages dropped on this connection", conn.identity.label, dropped)
 

@@ -1,4 +1,9 @@
-"""A capture as a span, linked to the request spans that were in flight while it recorded (docs/telemetry.md)."""
+"""A capture as a span, linked to the request spans that were in flight while it recorded (docs/telemetry.md).
+
+A capture bound to a request (a request-scoped capture) also links to that request's span, with
+``sidecar.link=captured_request`` instead of ``request_in_flight``, and names the request
+(``sidecar.capture.request_id``): from the capture's span, the request's trace.
+"""
 
 from __future__ import annotations
 
@@ -30,9 +35,21 @@ class CaptureRecord:
     bytes: int
     trace_url: str | None = None
     error: str | None = None
+    request_id: str | None = None  # the request a request-scoped capture is bound to
 
 
-def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[SpanContext] = ()) -> SpanContext:
+@dataclass(frozen=True)
+class BoundRequest:
+    """The request a capture is bound to, and its span's ids (None: chosen by no telemetry)."""
+
+    request_id: str
+    span_context: SpanContext | None = None
+
+
+def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[SpanContext] = (),
+                   captured: SpanContext | None = None) -> SpanContext:
+    """``in_flight``: the requests in flight during the window; ``captured``: the span of the request
+    the capture is bound to (linked once, as the captured request, even when it was in flight too)."""
     attrs = {
         "sidecar.capture.id": capture.capture_id,
         "sidecar.capture.state": capture.state,
@@ -42,7 +59,13 @@ def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[S
     }
     if capture.trace_url:
         attrs["sidecar.capture.trace_url"] = capture.trace_url
-    links = [Link(ctx, {"sidecar.link": "request_in_flight"}) for ctx in in_flight if ctx.is_valid]
+    if capture.request_id:
+        attrs["sidecar.capture.request_id"] = capture.request_id
+    links = []
+    if captured is not None and captured.is_valid:
+        links.append(Link(captured, {"sidecar.link": "captured_request"}))
+    links += [Link(ctx, {"sidecar.link": "request_in_flight"}) for ctx in in_flight
+              if ctx.is_valid and (captured is None or ctx.span_id != captured.span_id)]
     # Not every backend shows links (Phoenix's REST API drops them): the count travels as an attribute.
     attrs["sidecar.capture.linked_requests"] = len(links)
     span = tracer.start_span(SPAN_CAPTURE, context=Context(), kind=SpanKind.INTERNAL, attributes=attrs,
@@ -56,16 +79,16 @@ def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[S
 
 # -- the API server's side: one capture span per capture window -------------------------------------
 def record_from_verdict(capture_id: str, started_at: float, ended_at: float, verdict: Verdict | None,
-                        base_url: str, window_state: str) -> CaptureRecord:
+                        base_url: str, window_state: str, request_id: str | None = None) -> CaptureRecord:
     """A CaptureRecord from the sidecar's ``Verdict`` (None: none came in time)."""
     if verdict is None:
         return CaptureRecord(capture_id, window_state, started_at, ended_at, steps=0, processes=0, bytes=0,
-                             error="the sidecar sent no verdict for this capture")
+                             error="the sidecar sent no verdict for this capture", request_id=request_id)
     return CaptureRecord(
         capture_id=capture_id, state=verdict.state, started_at=started_at, ended_at=ended_at,
         steps=verdict.steps, processes=verdict.processes, bytes=verdict.trace_bytes,
         trace_url=f"{base_url.rstrip('/')}{verdict.trace}" if verdict.trace else None,
-        error=verdict.reason if verdict.state == "failed" else None)
+        error=verdict.reason if verdict.state == "failed" else None, request_id=request_id)
 
 
 class CaptureSpans:
@@ -75,7 +98,8 @@ class CaptureSpans:
     sidecar and with each ``Verdict`` the sidecar sends it. The window opens at ``capturing`` and
     closes at ``exporting`` (or ``failed``); at ``done`` / ``failed`` a daemon thread waits for the
     capture's verdict (steps, processes, bytes, trace URL: the merge happens in the sidecar) and
-    emits the span, linked to every request in flight during the window. The verdict comes over the
+    emits the span, linked to every request in flight during the window and to the request it is
+    bound to (``bind_request``, told by the engine integration when it is). The verdict comes over the
     probe's authenticated channel: nothing here calls the sidecar's HTTP API, so the token never
     leaves the process. Nothing here runs on the event loop beyond a dict update.
     """
@@ -88,7 +112,12 @@ class CaptureSpans:
         self._windows: dict[str, list[float]] = {}  # capture id -> [start, end]
         self._arrived: dict[str, threading.Event] = {}  # capture id -> set when its verdict came
         self._verdicts: dict[str, Verdict] = {}
+        self._bound: dict[str, BoundRequest] = {}  # capture id -> the request it captures
         self._threads: list[threading.Thread] = []
+
+    def bind_request(self, capture_id: str, request: BoundRequest) -> None:
+        """``capture_id`` captures ``request``: its span links to the request's (any thread)."""
+        self._bound[capture_id] = request
 
     def on_report(self, msg: Any) -> None:
         if isinstance(msg, Verdict):
@@ -110,6 +139,7 @@ class CaptureSpans:
         elif state in ("done", "failed"):
             window = self._windows.pop(capture_id, None)
             if window is None:  # failed before it recorded: no window, no span
+                self._bound.pop(capture_id, None)
                 return
             start, end = window[0], window[1] or now
             links = self._in_flight.overlapping(start, end)
@@ -123,10 +153,11 @@ class CaptureSpans:
         if arrived is not None:
             arrived.wait(self._timeout)
         self._arrived.pop(capture_id, None)
+        bound = self._bound.pop(capture_id, None)
         record = record_from_verdict(capture_id, start, end, self._verdicts.pop(capture_id, None),
-                                     self._base_url, state)
+                                     self._base_url, state, bound.request_id if bound else None)
         try:
-            record_capture(record, self._tracer, links)
+            record_capture(record, self._tracer, links, bound.span_context if bound else None)
         except Exception:
             log.warning("inference-sidecar: capture span of %s not recorded", capture_id, exc_info=True)
 

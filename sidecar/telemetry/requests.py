@@ -11,6 +11,10 @@ span's identity (its parent from W3C headers, ids chosen on arrival) is inflight
       └── decode    (engine: first token → last token; only with more than one output token)
 
 and records the request metrics. Span and attribute names are a stable interface (docs/telemetry.md).
+
+A request that asked to be captured (a request-scoped capture, docs/api.md) carries on its span the
+capture's id and URL (``sidecar.capture.id``, ``sidecar.capture.url``), or why it was served
+uncaptured (``sidecar.capture.skipped``): from the span, its trace.
 """
 
 from __future__ import annotations
@@ -69,6 +73,10 @@ class FinishedRequest:
     # The request span's ids, when they were chosen on arrival (InFlightRequests.begin) so that spans
     # emitted while the request ran (captures) could link to it.
     span_context: trace.SpanContext | None = None
+    # A request that asked to be captured: its capture (id, URL on the sidecar), or why it has none.
+    capture_id: str | None = None
+    capture_url: str | None = None
+    capture_skipped: str | None = None
 
     @property
     def error_type(self) -> str | None:
@@ -145,6 +153,12 @@ def request_attributes(req: FinishedRequest, provider: str) -> dict:
         attrs["sidecar.request.preemptions"] = req.preemptions
     if req.error_type:
         attrs["error.type"] = req.error_type
+    if req.capture_id:
+        attrs["sidecar.capture.id"] = req.capture_id
+    if req.capture_url:
+        attrs["sidecar.capture.url"] = req.capture_url
+    if req.capture_skipped:
+        attrs["sidecar.capture.skipped"] = req.capture_skipped
     return attrs
 
 
