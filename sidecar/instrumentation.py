@@ -216,14 +216,10 @@ class Instrumentation:
             probe_options.setdefault("on_capture_report", on_report)
         if not role.step_driven:
             probe_options.setdefault("loop", loop)
+        # This process serves requests whatever its role: the flight recorder keeps its finished ones.
+        probe_options.setdefault("request_ring", True)
         self.probe = attach.attach_probe(self, profile, role.name, self.rank, **probe_options)
         if self.probe is not None:
-            if self.probe.request_ring is None:
-                # The probe keeps a ring of finished requests only in window processes (an API server).
-                # A single-process engine serves its requests in its step-driven process: it gets one.
-                from .flight_ring import RequestRing
-
-                self.probe.request_ring = RequestRing()
             self._ring = self.probe.request_ring
             if role.step_driven:
                 self._step_probe = self.probe

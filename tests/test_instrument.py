@@ -249,7 +249,8 @@ async def test_a_single_process_loop_is_captured_through_a_real_sidecar(aiohttp_
                                    max_capture_bytes=1 << 30, keep=5, stop_grace_s=1.0))
     client = await aiohttp_client(app)
     url = str(client.make_url("")).rstrip("/")
-    inst = sidecar.instrument("loop", endpoint=url, cuda_available=False, telemetry=False)
+    telemetry, spans, _ = in_memory_telemetry()
+    inst = sidecar.instrument("loop", endpoint=url, cuda_available=False, telemetry=telemetry)
     stop = threading.Event()
 
     def serving_loop():
@@ -284,7 +285,17 @@ async def test_a_single_process_loop_is_captured_through_a_real_sidecar(aiohttp_
         assert len({e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}) == 3
         listed = await (await client.get("/requests")).json()
         assert [(r["id"], r["phase"], r["prompt_tokens"]) for r in listed["requests"]] == [("in-flight-1", "queued", 7)]
+        # The single process's capture is a span too, with the sidecar's verdict, linked to the request in flight.
+        for _ in range(200):
+            captures = [s for s in spans.get_finished_spans() if s.name == "sidecar capture"]
+            if captures:
+                break
+            await asyncio.sleep(0.05)
+        [span] = captures
+        assert span.attributes["sidecar.capture.id"] == started["id"] and span.attributes["sidecar.capture.steps"] == 3
+        assert len(span.links) == 1
     finally:
         stop.set()
         loop_thread.join(10)
         inst.close()
+        telemetry.shutdown()

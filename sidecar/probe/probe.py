@@ -86,10 +86,14 @@ class Probe:
         in_flight: Callable[[], list[dict]] | None = None,
         recorder_steps: int | None = None,
         watchdog_s: float | None = None,
+        request_ring: bool | None = None,
     ) -> None:
         """``role``: one of ``profile.roles`` (ValueError otherwise). ``loop``: the asyncio loop a
         process without steps records on (API server). ``on_capture_report``: also told of every
-        report of such a window capture, and of every capture's ``Verdict``. ``sync_watch``: a ready ``SyncWatch`` instead of the one
+        report of this process's captures (a step-driven one's on the step thread or the export
+        thread: keep it short), and of every capture's ``Verdict``. ``request_ring``: keep the flight
+        recorder's ring of finished requests (default: in a process without steps, where requests
+        arrive; a single-process engine serves them in its step-driven process and asks for it). ``sync_watch``: a ready ``SyncWatch`` instead of the one
         SIDECAR_SYNC_WATCH asks for. ``trace_root``, ``limits``: instead of SIDECAR_TRACE_DIR and the
         SIDECAR_PROBE_MAX_* variables. ``in_flight``: the requests this process knows in flight
         (``/requests``), called on the link thread. ``recorder_steps``, ``watchdog_s``: instead of
@@ -128,7 +132,8 @@ class Probe:
         # Bound once: the step path calls them without looking the ring up (about 100 ns a step here).
         self._ring_begin = self.ring.begin if self.ring is not None else None
         self._ring_end = self.ring.end if self.ring is not None else None
-        self.request_ring: RequestRing | None = None if self.identity.step_driven else RequestRing()
+        wants_ring = not self.identity.step_driven if request_ring is None else request_ring
+        self.request_ring: RequestRing | None = RequestRing() if wants_ring else None
         self.gc_pauses = GcPauses(step_thread_id=self._step_thread_id)
         self.gc_pauses.install()
         self._in_flight = in_flight
@@ -285,8 +290,10 @@ class Probe:
             return
         stacks = stack_mode(spec, self.profile.role(self.identity.role))
         if self.identity.step_driven:
-            capture = StepCapture(spec, path, self._link.send, self._exporter, self.identity.cuda, self.limits,
-                                  stacks)
+            # With a listener (a single-process engine's capture spans) its reports go to it too; else
+            # straight to the link, as before.
+            report = self._report_capture if self._on_capture_report is not None else self._link.send
+            capture = StepCapture(spec, path, report, self._exporter, self.identity.cuda, self.limits, stacks)
             steps_seen = self.steps
             if spec.request_id is not None:
                 # Bound to a request that waits for every "armed" before its first step: begin now,
@@ -295,7 +302,7 @@ class Probe:
             self._capture = capture
             capture.report_armed(steps_seen)
         else:
-            capture = WindowCapture(spec, path, self._report_window, self._exporter, self._loop, self.identity.cuda,
+            capture = WindowCapture(spec, path, self._report_capture, self._exporter, self._loop, self.identity.cuda,
                                     self.limits, stacks)
             self._capture = capture
             capture.start_window()
@@ -319,7 +326,7 @@ class Probe:
         self._scan = scan
         scan.report_armed(self.steps)
 
-    def _report_window(self, msg: CaptureReport) -> None:
+    def _report_capture(self, msg: CaptureReport) -> None:
         self._link.send(msg)
         self._tell_capture_listener(msg)
 
