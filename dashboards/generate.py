@@ -159,7 +159,7 @@ def build() -> dashboard.Dashboard:
 
     d = d.with_row(dashboard.Row("Engine steps"))
     d = d.with_panel(_series("Step time", "s", _quantiles("sidecar_step_duration_seconds", "sidecar_process_role"),
-                             "Duration of engine-core and worker steps that did work."))
+                             "Duration of the steps that did work, by process role (vLLM: its workers; a single-process engine: its scheduler)."))
     d = d.with_panel(_series("Batch size", "short", [
         (f"sum by (sidecar_process_role) (rate(sidecar_step_batch_size_sum[{RATE}])) / "
          f"sum by (sidecar_process_role) (rate(sidecar_step_batch_size_count[{RATE}]))", "mean {{sidecar_process_role}}"),
@@ -192,6 +192,17 @@ def build() -> dashboard.Dashboard:
     ], "Profiler captures finished, by final state."))
     d = d.with_panel(stat.Panel().title("Trace bytes captured").unit("bytes").datasource(DATASOURCE).height(8).span(8)
                      .with_target(_query("sum(sidecar_capture_bytes_total)", "bytes", "A")))
+    d = d.with_panel(_series("Capture duration", "s", [
+        (f"histogram_quantile(0.5, sum by (le) (rate(sidecar_capture_duration_seconds_bucket[{RATE}])))", "p50"),
+        (f"histogram_quantile(0.95, sum by (le) (rate(sidecar_capture_duration_seconds_bucket[{RATE}])))", "p95"),
+    ], "Start to final state of the captures that finished (merge and analysis included)."))
+    d = d.with_panel(_series("Hidden syncs found", "short", [
+        (f"sum by (site, op, phase) (increase(sidecar_sync_site_hits_total{{classification=\"hidden\"}}[{RATE}]))",
+         "scan: {{site}} {{op}} ({{phase}})"),
+        (f"sum by (site, op, phase) (increase(sidecar_sync_watch_calls_total{{classification=\"hidden\"}}[{RATE}]))",
+         "watch: {{site}} {{op}} ({{phase}})"),
+    ], "GPU->CPU syncs classed hidden, by code site: found by sync scans, and seen by the always-on watch "
+       "(SIDECAR_SYNC_WATCH=1; sampled steps). GET /syncs and /syncs/watch have the details."))
     d = d.with_panel(_series("Spans dropped", "short", [
         (f"sum by (reason) (rate(sidecar_telemetry_spans_dropped_total[{RATE}]))", "{{reason}}"),
     ], "Spans the bounded export queue dropped (backend down or slow)."))

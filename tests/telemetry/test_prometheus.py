@@ -92,6 +92,14 @@ async def test_prometheus_scrapes_every_process_and_dashboard_queries_return_dat
                       ["trigger", "outcome"], registry=app[METRICS_REGISTRY])
     for outcome in ("fired", "skipped"):
         firings.labels(trigger="trg-0001", outcome=outcome)
+    # A scan's findings (sync_findings.SyncFindings) and the always-on watch's calls (its WatchCollector), as the
+    # sidecar exports them, with one hidden site each.
+    Counter("sidecar_sync_site_hits", "Sync scan findings.", ["classification", "op", "phase", "site"],
+            registry=app[METRICS_REGISTRY]).labels(classification="hidden", op="item", phase="forward",
+                                                    site="model.py:42").inc(3)
+    Counter("sidecar_sync_watch_calls", "Sync watch calls.", ["process", "classification", "op", "phase", "site"],
+            registry=app[METRICS_REGISTRY]).labels(process="worker (pid 12)", classification="hidden", op="cuda_sync",
+                                                    phase="forward", site="model.py:88").inc(5)
     runner = web.AppRunner(app)
     await runner.setup()
     sidecar_port, prom_port = _free_port(), _free_port()
