@@ -236,3 +236,35 @@ def test_capture_span_links_the_requests_in_flight(traced_stack, phoenix, backgr
     # Phoenix's REST API does not return links, so the count is checked here and the links
     # themselves in test_inflight_and_captures.py.
     assert 1 <= attrs["sidecar.capture.linked_requests"] <= len(result.results), attrs
+
+
+def test_a_profiled_requests_span_in_phoenix_names_its_capture(traced_stack, phoenix):
+    """X-Sidecar-Profile: 1 on a real server that exports spans: the request's span, as Phoenix stores it,
+    carries the capture's id and URL, and the capture's span names the request."""
+    client = SidecarClient(traced_stack.sidecar_url)
+
+    async def one() -> object:
+        async with aiohttp.ClientSession() as session:
+            return await send_request(session, traced_stack.server_url, traced_stack.served_name, PROMPT,
+                                      max_tokens=6, stream=False, headers={"X-Sidecar-Profile": "1"})
+
+    sent = asyncio.run(one())
+    captures = [c for c in client.request("GET", "/profiles")["captures"]
+                if (c.get("request") or {}).get("id") and sent.request_id in c["request"]["id"]]
+    assert captures, "no capture names the request"
+    capture = client.wait(captures[0]["id"], timeout=120)
+    assert capture["state"] == "done", capture
+    deadline = time.monotonic() + 30
+    while True:
+        spans = phoenix.raw_spans()
+        request_span = [s for s in spans if (s.get("attributes") or {}).get("sidecar.capture.id") == capture["id"]
+                        and s["name"] != "sidecar capture"]
+        capture_span = [s for s in spans if s["name"] == "sidecar capture"
+                        and (s.get("attributes") or {}).get("sidecar.capture.id") == capture["id"]]
+        if (request_span and capture_span) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(request_span) == 1, "the request's span names its capture"
+    assert request_span[0]["attributes"]["sidecar.capture.url"].endswith(f"/profile/{capture['id']}")
+    assert len(capture_span) == 1
+    assert capture_span[0]["attributes"]["sidecar.capture.request_id"] == capture["request"]["id"]
