@@ -4,7 +4,7 @@ MODEL ?= models/tiny
 SOAK_MINUTES ?= 30
 SOAK_ARGS ?=
 
-.PHONY: install model demo test test-gpu bench soak clean
+.PHONY: install model demo test test-gpu test-sglang bench soak clean
 
 install:
 	@bash scripts/install.sh
@@ -17,7 +17,12 @@ demo: install model
 
 test: install
 	@bash scripts/install-test-backends.sh
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -m "not sglang"
+
+# Real SGLang on CPU in its own venv, .venv/sglang (about 4 minutes and 3.8 GB the first time; docs/sglang.md).
+test-sglang: install
+	@bash scripts/install-sglang.sh
+	$(PY) -m pytest -q -ra -m sglang tests/e2e/test_sglang_capture.py
 
 # On a CUDA host: kernels in captures, real syncs, NVML (tests/gpu; docs/gpu.md). Fails without a device.
 test-gpu: install
