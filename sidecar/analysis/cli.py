@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
 def format_sync_sites(scan: dict) -> str:
     """The trace scan's sites as a table: where each sync is in the code and whether it is expected."""
+    from .report import _t as duration  # the report's way of writing a duration
+
     sites = scan["sites"]
     if not sites:
         return "\nSync sites: none\n"
@@ -56,13 +58,10 @@ def format_sync_sites(scan: dict) -> str:
         where = f"{s['path'] or s['file']}:{s['line']}" if s.get("line") else s["function"] or s["cpu_op"] or "outside any recorded op"
         if s.get("line") and s["function"]:
             where += f" ({s['function']})"
-        lines.append(f"  {s['count']:>7,} {_us(s['blocked_us']):>10} {s['classification']:>9} {s['phase']:>10}  "
+        lines.append(f"  {s['count']:>7,} {duration(s['blocked_us']):>10} {s['classification']:>9} {s['phase']:>10}  "
                      f"{s['op'] + ' / ' + s['api'] if s.get('api') else s['op']:<40} {where}")
     return "\n".join(lines) + "\n"
 
-
-def _us(value: float) -> str:
-    return f"{value / 1000:.2f} ms" if value >= 1000 else f"{value:.1f} µs"
 
 
 def _positive(text: str) -> int:

@@ -232,7 +232,7 @@ def unique_short_names(names: list[str], width: int = 48) -> dict[str, str]:
             seen.setdefault(out[n], []).append(n)
         for group in (g for g in seen.values() if len(g) > 1):
             if pass_ == "templates":
-                longer = [_with_templates(n, width) for n in group]
+                longer = [short_name(n, width, templates=True) for n in group]
                 if len(set(longer)) == len(group):  # else the prefix that fits is still shared: number them
                     out.update(zip(group, longer))
                 continue
@@ -242,21 +242,10 @@ def unique_short_names(names: list[str], width: int = 48) -> dict[str, str]:
     return out
 
 
-def _with_templates(name: str, width: int) -> str:
-    text = name[5:] if name.startswith("void ") else name
-    text = text.replace("(anonymous namespace)::", "")
-    depth = 0
-    for i, ch in enumerate(text):
-        depth += ch == "<"
-        depth -= ch == ">" and depth > 0
-        if ch == "(" and depth == 0:
-            text = text[:i]
-            break
-    return text if len(text) <= width else text[: width - 1] + "…"
 
-
-def short_name(name: str, width: int = 48) -> str:
-    """A kernel's name without return type, template arguments and parameters."""
+def short_name(name: str, width: int = 48, templates: bool = False) -> str:
+    """A kernel's name without return type and parameters, and without its template arguments unless
+    ``templates`` (what tells two instantiations of one kernel apart)."""
     text = name[5:] if name.startswith("void ") else name
     text = text.replace("(anonymous namespace)::", "")
     depth = 0
@@ -266,9 +255,12 @@ def short_name(name: str, width: int = 48) -> str:
             depth += 1
         elif ch == ">" and depth:
             depth -= 1
-        elif ch == "(" and depth == 0:
+            if templates:
+                out.append(ch)
+            continue
+        if ch == "(" and depth == 0:
             break
-        elif depth == 0:
+        if depth == 0 or templates:
             out.append(ch)
     short = "".join(out).strip() or text
     return short if len(short) <= width else short[: width - 1] + "…"
