@@ -4,7 +4,8 @@ Arming has two phases. The sidecar sends ``arm`` / ``sync_arm``; every step-driv
 with its count of working steps (``steps_seen``). Every process of an engine counts the same working
 steps, so one ``begin`` with a start step ahead of all the counts makes every process record the
 *same* engine steps. The lead covers the time ``begin`` takes to reach the probes: 2 steps plus
-``BEGIN_LEAD_S`` at the fastest observed step rate. ``delay`` (working steps to skip) is added here
+``BEGIN_LEAD_S`` at the fastest observed step rate, or the slowest probe's round trip for ``arm``
+where that was longer (a loaded host, a busy event loop: ``begin`` travels the same way). ``delay`` (working steps to skip) is added here
 and nowhere else: the probes are told only where to start.
 
 A capture bound to a request (captures.py) has no lead and no delay: the request waits for every
@@ -34,15 +35,22 @@ def fastest_rate(rates: Iterable[float | None]) -> float | None:
     return max((r for r in rates if r is not None), default=None)
 
 
-def lead_steps(fastest_rate: float | None) -> int:
+def lead_seconds(arm_round_trip_s: float | None) -> float:
+    """How far ahead the start step lies in time: ``BEGIN_LEAD_S``, or the slowest ``arm`` round
+    trip where that was longer, at most ``ARM_REPLY_S`` (a reply later than that is lost anyway)."""
+    return min(max(BEGIN_LEAD_S, arm_round_trip_s or 0.0), ARM_REPLY_S)
+
+
+def lead_steps(fastest_rate: float | None, arm_round_trip_s: float | None = None) -> int:
     if fastest_rate is None:
         return MIN_LEAD_STEPS
-    return MIN_LEAD_STEPS + math.ceil(max(fastest_rate, 0.0) * BEGIN_LEAD_S)
+    return MIN_LEAD_STEPS + math.ceil(max(fastest_rate, 0.0) * lead_seconds(arm_round_trip_s))
 
 
-def start_step(steps_seen: Iterable[int], fastest_rate: float | None, delay: int) -> int:
+def start_step(steps_seen: Iterable[int], fastest_rate: float | None, delay: int,
+               arm_round_trip_s: float | None = None) -> int:
     """``max(steps_seen) + lead + delay``; ``steps_seen`` must not be empty."""
-    return max(steps_seen) + lead_steps(fastest_rate) + delay
+    return max(steps_seen) + lead_steps(fastest_rate, arm_round_trip_s) + delay
 
 
 def at_once(steps_seen: Iterable[int]) -> int:

@@ -127,6 +127,7 @@ class JobManager(Generic[J]):
         self._jobs[job.id] = job
         self._active = job
         arm = self._arm_message(job)
+        job.armed_at = time.monotonic()
         for rec in job.processes:
             if not await rec.conn.send(arm):
                 job.move(rec, P_LOST, "probe unreachable when arming")
@@ -200,7 +201,8 @@ class JobManager(Generic[J]):
     def _start_step(self, job: J, replied: list[ProcessRun]) -> int:
         """The common start step sent in ``begin`` (arming.py); a kind may start its jobs otherwise."""
         fastest = arming.fastest_rate(p.conn.step_rate for p in replied)
-        return arming.start_step((p.steps_seen for p in replied), fastest, job.request.delay)
+        slowest_reply = max((p.arm_round_trip_s or 0.0 for p in replied), default=None)
+        return arming.start_step((p.steps_seen for p in replied), fastest, job.request.delay, slowest_reply)
 
     # -- probe events ------------------------------------------------------------------------------
     async def on_report(self, conn: ProbeConnection, report: JobReport) -> None:
@@ -227,6 +229,7 @@ class JobManager(Generic[J]):
         if not rec.step_driven:
             return  # a window process starts at "arm"; it has no start step to agree on
         rec.steps_seen = report.steps_seen or 0
+        rec.arm_round_trip_s = time.monotonic() - job.armed_at
         if report.steps_seen is not None:
             # The probe's count as of now: with a heartbeat's, a rate where none was measured yet (a
             # capture right after the sidecar's restart, before the second heartbeat).

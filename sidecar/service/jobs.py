@@ -76,6 +76,7 @@ class ProcessRun:
     steps_recorded: int = 0
     steps_seen: int | None = None  # the process's working-step count when it was armed
     first_step: int | None = None  # the working step it started recording at
+    arm_round_trip_s: float | None = None  # from sending "arm" to its "armed" reply (the begin lead)
     error: str | None = None
     stop_reason: str | None = None  # why the probe ended early, as it reported (its own limit, say)
 
@@ -125,6 +126,7 @@ class Job:
     stop_reason: str | None = None
     stopped_by_user: bool = False  # its user's stop request came first (not the timeout's)
     created_at: float = field(default_factory=time.time)
+    armed_at: float = field(default_factory=time.monotonic)  # when "arm" was sent (reset at sending)
     finished_at: float | None = None
     start_step: int | None = None  # the common first working step sent in "begin"
     notes: list[str] = field(default_factory=list)

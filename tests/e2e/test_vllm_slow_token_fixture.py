@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from completions import complete
+from sidecar.client import SidecarClient
 from sidecar_vllm.devtools import VllmStack
 
 
@@ -83,6 +84,7 @@ def test_a_prompt_with_the_slow_token_takes_one_slow_step(slow_stack):
 def test_a_concurrent_stream_sees_the_slow_step(slow_stack):
     from slow_token_model import SLOW_SECONDS, SLOW_TOKEN_ID, prompt_ids
 
+    began_ns = time.time_ns()
     stream = Stream(slow_stack, prompt_ids(salt=5), max_tokens=480)
     stream.start()
     assert stream.first.wait(30), "the stream produced no token"
@@ -91,11 +93,28 @@ def test_a_concurrent_stream_sees_the_slow_step(slow_stack):
     stream.join(60)
     assert stream.done and len(stream.arrivals) > 100
     long_gaps = [(t, g) for t, g in stream.gaps() if g >= SLOW_SECONDS / 2]
-    print(f"slow request {slow:.3f} s; stream: {len(stream.arrivals)} chunks, "
-          f"long gaps {[round(g, 3) for _, g in long_gaps]}, median gap "
-          f"{statistics.median(g for _, g in stream.gaps()) * 1e3:.2f} ms")
-    assert len(long_gaps) == 1, "exactly one step was slow, for every request in it"
-    at, gap = long_gaps[0]
+    # The engine's side, from the flight recorder: exactly one slow worker step while the stream ran.
+    recorder = SidecarClient(slow_stack.sidecar_url, timeout=30).request("GET", "/recorder?seconds=120")
+    (worker,) = [p for p in recorder["processes"] if p["process"]["role"] == "worker"]
+    slow_steps = [s["duration_ms"] for s in worker["steps"]
+                  if s["start_ns"] >= began_ns and s["duration_ms"] >= SLOW_SECONDS * 1000 * 0.9]
+    print(f"slow request {slow:.3f} s; stream: {len(stream.arrivals)} chunks, long gaps "
+          f"{[(round(t - sent, 3), round(g, 3)) for t, g in long_gaps]} (s after sending, length), median gap "
+          f"{statistics.median(g for _, g in stream.gaps()) * 1e3:.2f} ms; slow worker steps {slow_steps}; "
+          f"pauses: {_pauses(recorder, began_ns)}")
+    assert len(slow_steps) == 1, "exactly one engine step was slow"
+    # At the client, the stream feels that step once, while the slow request runs. A long gap
+    # elsewhere is the host's (a busy 2-core machine can hold the API server or this thread that
+    # long: the print above names the recorder's GC pauses); the engine had no second slow step.
+    felt = [(t, g) for t, g in long_gaps if sent < t < sent + slow + 1.0]
+    assert len(felt) == 1, "the slow step is felt once, for every request in it"
+    at, gap = felt[0]
     # The gap is the sleep plus one step (a few ms) at the engine; at the client the chunk before it
     # can arrive late by the API server's own jitter (a busy 2-core host), hence the allowance.
-    assert gap >= SLOW_SECONDS - GAP_JITTER_S and sent < at < sent + slow + 1.0
+    assert gap >= SLOW_SECONDS - GAP_JITTER_S
+
+
+def _pauses(recorder: dict, since_ns: int) -> dict[str, list[float]]:
+    """GC pauses the recorder saw since ``since_ns``, by process role (for the failure's print)."""
+    return {p["process"]["role"]: [round(g.get("duration_ms", 0.0), 1) for g in p.get("gc", [])
+                                   if g.get("start_ns", 0) >= since_ns] for p in recorder["processes"]}

@@ -146,6 +146,16 @@ def test_the_common_start_step(seen, rate, delay, expected):
     assert arming.start_step(seen, rate, delay) == expected
 
 
+@pytest.mark.parametrize("round_trip_s, expected", [
+    (None, 12 + 2 + 5),  # no reply timed: a quarter second at the fastest rate
+    (0.05, 12 + 2 + 5),  # a quick reply: still the quarter second
+    (1.0, 12 + 2 + 20),  # a slow one (a loaded host): begin travels as slowly, so a second ahead
+    (60.0, 12 + 2 + 60),  # never more than the arm reply's own limit (3 s)
+])
+def test_a_slow_arm_reply_lengthens_the_lead(round_trip_s, expected):
+    assert arming.start_step([10, 12], 20.0, 0, round_trip_s) == expected
+
+
 def test_the_fastest_rate_ignores_processes_with_no_rate_yet():
     assert arming.fastest_rate([None, 3.0, 250.0, None]) == 250.0
     assert arming.fastest_rate([None, None]) is None
