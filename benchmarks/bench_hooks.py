@@ -1,7 +1,9 @@
 """Idle cost of the vLLM hooks per step, measured directly (no server, little noise).
 
 Times the real wrappers from plugins/sidecar_vllm/hooks.py around a do-nothing worker step, against
-the same step unwrapped, with a probe attached and idle. Printed as ns per step and as a share of the
+the same step unwrapped, with a probe attached and idle and, as in a served engine, the worker's step
+telemetry on (``SIDECAR_TELEMETRY`` defaults on; its drain thread is not started: the step path's
+part only). Printed as ns per step and as a share of the
 1 ms engine step of the tiny model, the harshest case (docs/benchmarks.md).
 
 python benchmarks/bench_hooks.py
@@ -20,6 +22,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
 from sidecar.integration import patching  # noqa: E402
 from sidecar.probe import Probe  # noqa: E402
+from sidecar.telemetry.instruments import StepInstruments  # noqa: E402
+from sidecar.telemetry.steps import StepRecorder  # noqa: E402
 from sidecar_vllm import hooks  # noqa: E402
 from sidecar_vllm.profile import VLLM_PROFILE  # noqa: E402
 
@@ -55,6 +59,9 @@ def make_classes():
     return Worker, EngineCore
 
 
+ROUNDS = 5
+
+
 def per_call_ns(fn, number=200_000, repeat=7) -> float:
     return statistics.median(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e9
 
@@ -75,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     c.__dict__[hooks.PROBE_ATTR] = probe
     bare_w.__dict__[hooks.PROBE_ATTR] = bare
     bare_c.__dict__[hooks.PROBE_ATTR] = bare
+    # The worker's step telemetry, as attach_telemetry gives it (its meter does nothing here).
+    from opentelemetry.metrics import NoOpMeterProvider
+
+    instruments = StepInstruments(NoOpMeterProvider().get_meter("bench"))
+    w.__dict__[hooks.STEPS_ATTR] = StepRecorder(instruments, role="worker")
+    bare_w.__dict__[hooks.STEPS_ATTR] = StepRecorder(instruments, role="worker")
     so = SchedulerOutput()
 
     def worker_step(obj):
@@ -82,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Alternate the measurements so that drift of the host hits each about equally.
     rounds = []
-    for _ in range(3):
+    for _ in range(ROUNDS):
         rounds.append({
             "worker_step_plain_ns": per_call_ns(worker_step(plain_w)),
             "worker_step_hooked_ns": per_call_ns(worker_step(w)),

@@ -9,7 +9,9 @@ Always on, so three rules shape every line here:
   GC-tracked, so a full ring adds no work to any collection (a deque of tuples would add 65,536
   tracked tuples to every full collection).
 * **Cheap on the step path.** ``StepRing.begin`` is one clock read and one store;
-  ``StepRing.end`` one clock read, one ``pack_into`` of the whole row, two stores. Packing a row in
+  ``StepRing.end`` one clock read, one ``pack_into`` of the whole row, two stores. An engine hook
+  that reads the clock anyway (a worker's step telemetry) passes its reads, and the probe writes
+  the start inline rather than calling ``begin``. Packing a row in
   one call measured about 25 % cheaper than one ``array`` store per column (10 columns), and it
   makes a row write atomic under the GIL: a reader never sees half a row. Measured on the 2-core
   development host (benchmarks/bench_ring.py): ``begin()`` + ``end(...)`` 0.7-0.8 µs with the
@@ -155,41 +157,41 @@ class StepRing(_PackedRows):
     ``begin()`` at the start of every engine step, ``end(...)`` at its end; a watchdog on another
     thread reads ``open_since_ns`` to see a step that has not ended."""
 
-    __slots__ = ("_open_start", "step_thread_id")
+    __slots__ = ("open_since_ns", "step_thread_id")
 
     def __init__(self, capacity: int = DEFAULT_STEP_CAPACITY) -> None:
         super().__init__(capacity, len(STEP_FIELDS))
-        self._open_start = 0  # start of the step begun and not ended; 0 when none
+        # Start of the step begun and not yet ended, else 0. Written on the step thread (the probe
+        # writes it inline, a call cheaper than begin()); the watchdog reads it from another thread.
+        self.open_since_ns = 0
         # The thread of the first begin(): the engine's step thread (GcPauses uses it).
         self.step_thread_id: Optional[int] = None
 
     # -- the step path ---------------------------------------------------------------------------
-    def begin(self) -> None:
-        self._open_start = time_ns()
+    def begin(self, now_ns: int = 0) -> None:
+        """A step starts; ``now_ns``: its start if the caller read the clock already (0: read it)."""
+        self.open_since_ns = now_ns or time_ns()
         if self.step_thread_id is None:
             self.step_thread_id = get_ident()
 
     def end(self, step: int, working: bool, batch: int = UNKNOWN, tokens: int = UNKNOWN,
             prefill_tokens: int = UNKNOWN, decode_tokens: int = UNKNOWN, running: int = UNKNOWN,
-            waiting: int = UNKNOWN) -> None:
-        """One finished step. Without a ``begin()`` since the last ``end()`` the row's start is its end."""
-        now = time_ns()
+            waiting: int = UNKNOWN, now_ns: int = 0) -> None:
+        """One finished step, ended at ``now_ns`` (0: now). Without a ``begin()`` since the last
+        ``end()`` the row's start is its end. An engine hook that reads the clock for its own
+        telemetry passes its reads: two clock reads fewer per step."""
+        now = now_ns or time_ns()
         # ``working`` is a bool, which "q" packs as 0 or 1 (bool is an int): no conversion here.
-        self._pack(self._rows, self.written % self._slots * self._row_bytes, step, self._open_start or now,
+        self._pack(self._rows, self.written % self._slots * self._row_bytes, step, self.open_since_ns or now,
                    now, working, batch, tokens, prefill_tokens, decode_tokens, running, waiting)
-        self._open_start = 0
+        self.open_since_ns = 0
         self.written += 1
 
     # -- other threads -----------------------------------------------------------------------------
     @property
-    def open_since_ns(self) -> int:
-        """Start of a step begun and not yet ended, else 0."""
-        return self._open_start
-
-    @property
     def open_step(self) -> int:
         """The row index the open step will take (rows written so far), ``UNKNOWN`` when none is open."""
-        return self.written if self._open_start else UNKNOWN
+        return self.written if self.open_since_ns else UNKNOWN
 
     def slowest_since(self, index: int) -> tuple[float | None, int | None, int]:
         """The slowest step that ended since row ``index`` (a count of ``written`` read earlier):
@@ -214,7 +216,7 @@ class StepRing(_PackedRows):
         (JSON-able). Safe while ``end()`` runs on another thread."""
         written, flat, _ = self._read()
         # Read after the rows: a step open now has an index >= written, so it is not among them.
-        open_since = self._open_start
+        open_since = self.open_since_ns
         ends = flat[_STEP_END::len(STEP_FIELDS)].tolist()
         columns = self._columns(flat, ends, since_ns)
         return {"clock": "unix_ns", "capacity": self.capacity, "written": written,

@@ -11,7 +11,8 @@
   patches.
 
 Step telemetry (docs/telemetry.md): each worker gets a ``StepRecorder`` from ``sidecar.telemetry``;
-a worker step with work costs two ``time.time_ns()`` calls and one deque append, and the recorder's
+a worker step with work costs two ``time.time_ns()`` calls (which the flight recorder's row shares)
+and one deque append, and the recorder's
 drain thread turns those into the ``sidecar.step.*`` histograms. The engine core gets process
 samplers (CPU, RSS). ``SIDECAR_TELEMETRY=0`` (or ``OTEL_SDK_DISABLED=true``) leaves both out.
 
@@ -29,8 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from operator import countOf
+from time import time_ns
 
 from sidecar.integration import attach, patching
 from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR, TELEMETRY_ATTR  # noqa: F401 (bench, tests)
@@ -114,17 +115,18 @@ def _wrap_worker_init(original):
 def _end_worker_step(probe, steps, has_work: bool, t0: int, scheduler_output) -> None:
     per_request = scheduler_output.num_scheduled_tokens
     batch, tokens = len(per_request), scheduler_output.total_num_scheduled_tokens
+    t1 = time_ns() if steps is not None else 0  # shared with the flight recorder, as t0 is
     if probe is not None:
         if probe.ring is not None:  # the flight recorder keeps the prefill/decode split
             # A decoding request is scheduled one token; more is a prompt (or a chunk of one). As many
             # tokens as requests: all decode (most steps), no count needed. Else countOf runs in C
             # over the dict's values: no list, nothing per request in Python.
             decode = batch if tokens == batch else countOf(per_request.values(), 1)
-            probe.step_end(has_work, batch, tokens, tokens - decode, decode)
+            probe.step_end(has_work, batch, tokens, tokens - decode, decode, -1, -1, t1)
         else:
             probe.step_end(has_work)
     if steps is not None and has_work:
-        steps.observe(t0, time.time_ns(), batch, tokens)
+        steps.observe(t0, t1, batch, tokens)
 
 
 def _wrap_execute_model(original):
@@ -135,9 +137,11 @@ def _wrap_execute_model(original):
         if probe is None and steps is None:
             return original(self, scheduler_output, *args, **kwargs)
         has_work = scheduler_output.total_num_scheduled_tokens > 0
+        # One clock read for the step telemetry and the flight recorder both (0: telemetry off, the
+        # recorder reads its own); so the telemetry's step includes the profiler's start, as the engine's does.
+        t0 = time_ns() if steps is not None else 0
         if probe is not None:
-            probe.step_begin(has_work)
-        t0 = time.time_ns() if steps is not None else 0
+            probe.step_begin(has_work, t0)
         result = original(self, scheduler_output, *args, **kwargs)
         if result is None:
             # Sampling is deferred to sample_tokens(): the step ends there.

@@ -82,7 +82,8 @@ class SidecarLink:
                 loop.call_soon_threadsafe(self._cancel_main)
             except RuntimeError:  # loop closed between the check and the call
                 pass
-        self._thread.join(timeout)
+        if self._thread.is_alive():  # a link closed before it was started has no thread to join
+            self._thread.join(timeout)
 
     def _cancel_main(self) -> None:
         if self._main is not None:

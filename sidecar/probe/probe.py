@@ -18,6 +18,8 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from threading import get_ident
+from time import time_ns
 from typing import Any, Callable
 
 from .. import config
@@ -129,8 +131,7 @@ class Probe:
         # processes; finished requests where the engine integration adds them (the API server).
         capacity = capacity_from_environment() if recorder_steps is None else recorder_steps
         self.ring: StepRing | None = StepRing(capacity) if self.identity.step_driven and capacity > 0 else None
-        # Bound once: the step path calls them without looking the ring up (about 100 ns a step here).
-        self._ring_begin = self.ring.begin if self.ring is not None else None
+        # Bound once: the step path calls it without looking the ring up (about 100 ns a step here).
         self._ring_end = self.ring.end if self.ring is not None else None
         wants_ring = not self.identity.step_driven if request_ring is None else request_ring
         self.request_ring: RequestRing | None = RequestRing() if wants_ring else None
@@ -176,10 +177,13 @@ class Probe:
         return self._link.connected
 
     # -- the step path: keep these lean ------------------------------------------------------------
-    def step_begin(self, has_work: bool) -> None:
-        ring_begin = self._ring_begin
-        if ring_begin is not None:
-            ring_begin()
+    def step_begin(self, has_work: bool, now_ns: int = 0) -> None:
+        """``now_ns``: the step's start where the engine hook read the clock anyway (0: read here)."""
+        ring = self.ring
+        if ring is not None:  # StepRing.begin, inline: one call fewer per step (about 80 ns here)
+            ring.open_since_ns = now_ns or time_ns()
+            if ring.step_thread_id is None:
+                ring.step_thread_id = get_ident()
         capture = self._capture
         if capture is not None:
             try:
@@ -193,14 +197,14 @@ class Probe:
             self._watch.step_begin(has_work, self.steps)  # SyncWatch contains its own errors
 
     def step_end(self, did_work: bool, batch: int = -1, tokens: int = -1, prefill_tokens: int = -1,
-                 decode_tokens: int = -1, running: int = -1, waiting: int = -1) -> None:
+                 decode_tokens: int = -1, running: int = -1, waiting: int = -1, now_ns: int = 0) -> None:
         """The counts are what the engine integration knows of this step (-1: not known here): the
-        flight recorder keeps them."""
+        flight recorder keeps them. ``now_ns``: the step's end where the hook read the clock (0: here)."""
         if did_work:
             self.steps += 1
         ring_end = self._ring_end
         if ring_end is not None:
-            ring_end(self.steps, did_work, batch, tokens, prefill_tokens, decode_tokens, running, waiting)
+            ring_end(self.steps, did_work, batch, tokens, prefill_tokens, decode_tokens, running, waiting, now_ns)
         watch = self._watch
         if watch is not None and watch.on:
             watch.step_end()

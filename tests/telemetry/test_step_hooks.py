@@ -64,3 +64,26 @@ def test_telemetry_attaches_once_and_not_when_switched_off(monkeypatch):
     on.execute_model(_output({"a": 2}, defer=False))
     assert recorder.observed == 1
     telemetry.shutdown()
+
+
+def test_the_flight_recorder_shares_the_telemetrys_clock_reads():
+    from sidecar.probe import Probe
+    from sidecar_vllm.profile import VLLM_PROFILE
+
+    telemetry, _, _ = in_memory_telemetry()
+    worker = _worker_class()()
+    recorder = telemetry.step_recorder("worker")
+    probe = Probe("worker", 0, profile=VLLM_PROFILE, endpoint="http://127.0.0.1:9", cuda_available=False)
+    worker.__dict__[hooks.STEPS_ATTR] = recorder
+    worker.__dict__[hooks.PROBE_ATTR] = probe
+    worker.execute_model(_output({"a": 5, "b": 1, "c": 1}))
+    worker.sample_tokens(None)
+    (_, start_ns, end_ns, batch, tokens), = recorder._buffer
+    rows = probe.ring.dump(0)["steps"]
+    # One step, one pair of clock reads: the recorder's row and the step metric say the same times.
+    assert rows["start_ns"] == [start_ns] and rows["end_ns"] == [end_ns] and end_ns >= start_ns > 0
+    assert rows["batch"] == [batch] == [3] and rows["tokens"] == [tokens] == [7]
+    assert rows["prefill_tokens"] == [5] and rows["decode_tokens"] == [2]
+    assert probe.ring.open_since_ns == 0 and probe.ring.step_thread_id is not None
+    probe.close()
+    telemetry.shutdown()
