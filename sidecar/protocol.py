@@ -31,6 +31,9 @@ probe → sidecar
                                                    answer; ``steps`` is the cap
   request_capture_release  {ask, reason}           the request went on without waiting any longer
                                                    (or was cancelled): stop that ask's capture
+  clock_reply  {seq, probe_ns}                     this process's wall clock (``time.time_ns()``)
+                                                   when ``clock`` ``seq`` arrived: answered by the
+                                                   link thread at once, never the step thread
 sidecar → probe
   challenge  {nonce, proof}                        HMAC("sidecar", probe nonce, sidecar nonce)
   arm        {spec: CaptureSpec}    the probe answers ``capture`` state=armed with steps_seen
@@ -53,6 +56,9 @@ sidecar → probe
                                     (``capture_id``, its ``url`` path), or why there is none
                                     (``skipped``: another job runs, no engine process, not armed in
                                     time); the request waits for nothing else
+  clock      {seq}                  a clock probe: the sidecar notes its own wall clock when sending
+                                    and when the reply arrives, and estimates this process's clock
+                                    offset from the fastest round trips, as NTP does (service/clock_sync.py)
 
 Job ids are unique across kinds (a scan's starts with ``s``), so ``begin`` and ``stop`` serve both.
 An id is never a path component such as ``..`` (``JobId``). A capture names no directory: each probe
@@ -64,6 +70,9 @@ from its own step count when it is armed: the request waits for every "armed" be
 so that step is recorded; the sidecar's ``begin`` (the highest of the counts, no lead) only aligns the
 processes further when it arrives before their first step. It ends after ``steps`` working steps or
 when the request does (``REQUEST_ENDED``: the engine integration ends it on each step thread).
+
+Version 8: clock probes (``clock``, ``clock_reply``, issue 14): the sidecar aligns each process's
+trace on its own clock where a process's clock is measurably off (another host).
 
 Version 7: request-scoped captures (issue 11): ``CaptureSpec.request_id``, ``request_capture``,
 ``request_capture_answer``, ``request_capture_release``.
@@ -82,7 +91,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 PROBE_WS_PATH = "/probe/ws"
 RECORDER_DIR = "recorder"  # <trace root>/recorder/<process file stem>-q<query id>.json: a recorder dump
 # Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
@@ -339,8 +348,23 @@ class RequestCaptureRelease(_Message, tag="request_capture_release", kw_only=Tru
     reason: Text = "released"
 
 
-FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, Answer, RequestCapture, RequestCaptureRelease]
-FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer]
+ClockSeq = Annotated[int, msgspec.Meta(ge=1, le=2**53)]
+
+
+class ClockProbe(_Message, tag="clock", kw_only=True):
+    """Reply at once with the wall clock: one sample of this process's clock offset."""
+
+    seq: ClockSeq  # unique per connection: the reply names it
+
+
+class ClockReply(_Message, tag="clock_reply", kw_only=True):
+    seq: ClockSeq
+    probe_ns: Count  # time.time_ns() in the probe's process when the ``clock`` message was taken
+
+
+FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, Answer, RequestCapture, RequestCaptureRelease,
+                  ClockReply]
+FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer, ClockProbe]
 JobReport = Union[CaptureReport, SyncReport]
 
 

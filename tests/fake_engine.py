@@ -1,19 +1,62 @@
 """A stand-in engine process for service tests: a real Probe and real torch work in a step loop.
 
 python tests/fake_engine.py ROLE [--rank K] [--steps-then-idle N] [--step-ms MS] [--slow-step-at N --slow-step-ms MS]
-                            [--device cuda --size N]
+                            [--device cuda --size N] [--grid-ms MS]
 
 With ``--device cuda`` a worker's step runs its matrix products on the GPU and its probe sees CUDA (tests/gpu).
+
+``FAKE_ENGINE_CLOCK_SKEW_S`` (environment) makes the process behave as if on a host whose wall clock
+is that far ahead: ``time.time_ns``/``time.time`` (the probe's clock replies, rings, sampled stacks) and
+the ``baseTimeNanoseconds`` of every trace torch exports. With ``--grid-ms`` each working step begins
+on a multiple of that many ms of the true wall clock, so steps of several processes happen together.
 """
 
 import argparse
 import asyncio
+import json
+import os
 import threading
 import time
 
-import torch
 
-from sidecar.probe import Probe
+def _skew_the_clock(skew_s: float) -> None:
+    """Before anything reads the clock (``from time import time_ns`` binds at import)."""
+    skew_ns = int(skew_s * 1e9)
+    true_time_ns, true_time = time.time_ns, time.time
+    time.time_ns = lambda: true_time_ns() + skew_ns
+    time.time = lambda: true_time() + skew_s
+
+
+TRUE_TIME_NS = time.time_ns  # the host's own clock, whatever the skew
+CLOCK_SKEW_S = float(os.environ.get("FAKE_ENGINE_CLOCK_SKEW_S") or 0.0)
+if CLOCK_SKEW_S:
+    _skew_the_clock(CLOCK_SKEW_S)
+
+import torch  # noqa: E402
+
+from sidecar.probe import Probe  # noqa: E402
+
+
+def _skew_exported_traces(skew_s: float) -> None:
+    """Kineto's base time comes from C++, not time.time_ns: move it as a skewed host's would be."""
+    original = torch.profiler.profile.export_chrome_trace
+
+    def export_chrome_trace(self, path):
+        result = original(self, path)
+        with open(path) as f:
+            trace = json.load(f)
+        trace["baseTimeNanoseconds"] = int(trace["baseTimeNanoseconds"]) + int(skew_s * 1e9)
+        with open(path, "w") as f:
+            json.dump(trace, f)
+        return result
+
+    torch.profiler.profile.export_chrome_trace = export_chrome_trace
+
+
+def _wait_for_grid(grid_ms: float) -> None:
+    grid_ns = int(grid_ms * 1e6)
+    now = TRUE_TIME_NS()
+    time.sleep((grid_ns - now % grid_ns) / 1e9)
 
 
 def main() -> None:
@@ -34,9 +77,13 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where a worker's step runs its products; cuda: its probe records CUDA activity")
     parser.add_argument("--size", type=int, default=32, help="the step's square matrix is SIZE x SIZE")
+    parser.add_argument("--grid-ms", type=float, default=None,
+                        help="begin each working step on a multiple of MS of the host's true wall clock")
     parser.add_argument("--telemetry", action="store_true",
                         help="start the process's telemetry with the NVML and psutil samplers, as the vLLM plugin does")
     args = parser.parse_args()
+    if CLOCK_SKEW_S:
+        _skew_exported_traces(CLOCK_SKEW_S)
     watch, fake_sync = _fake_cuda_watch(args.fake_cuda_watch) if args.fake_cuda_watch else (None, None)
     on_gpu = args.device == "cuda" and args.role == "worker"
     if args.telemetry:  # held by main(), which never returns: samplers and pushes run for the process's life
@@ -61,6 +108,8 @@ def main() -> None:
     taken = 0
     while True:
         has_work = args.steps_then_idle is None or taken < args.steps_then_idle
+        if args.grid_ms:
+            _wait_for_grid(args.grid_ms)
         probe.step_begin(has_work)
         if has_work and taken + 1 == args.hang_at_step:
             hang_inside_a_step()

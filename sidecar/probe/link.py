@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Callable
 
 import aiohttp
 
 from .. import auth, config
-from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, PROTOCOL_VERSION, Challenge, FromSidecar, Heartbeat, Hello,
-                        ProcessIdentity, Proof, ProtocolError, decode_from_sidecar, encode)
+from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, PROTOCOL_VERSION, Challenge, ClockProbe, ClockReply, FromSidecar,
+                        Heartbeat, Hello, ProcessIdentity, Proof, ProtocolError, decode_from_sidecar, encode)
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,11 @@ class SidecarLink:
                 raise ProtocolError("a second challenge on the same connection")
         except ProtocolError as exc:
             log.warning("inference-sidecar: malformed message from the sidecar dropped: %s", exc)
+            return
+        if isinstance(msg, ClockProbe):
+            # Answered here, at once: the reply's clock reading is the sample, so nothing may come
+            # between the frame's arrival and it (sidecar/service/clock_sync.py).
+            self._send_now(ClockReply(seq=msg.seq, probe_ns=time.time_ns()))
             return
         try:
             self._on_message(msg)

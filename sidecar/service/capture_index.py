@@ -107,7 +107,8 @@ def _process(p: dict[str, Any], interrupted: bool) -> CaptureProcess:
     rec = CaptureProcess(conn=None, identity=identity_from_json(p), state=state, error=error,
                          steps_recorded=int(p.get("steps_recorded") or 0), first_step=p.get("first_step"),
                          stacks=str(p.get("stacks") or "none"), stack_summary=p.get("stack_summary"),
-                         step_thread_ms=float(p.get("step_thread_ms") or 0.0), export_ms=p.get("export_ms"))
+                         step_thread_ms=float(p.get("step_thread_ms") or 0.0), export_ms=p.get("export_ms"),
+                         clock=p.get("clock"))
     if not interrupted:  # an interrupted capture's files are partial: deleted, never offered
         rec.file, rec.bytes = p.get("file"), int(p.get("bytes") or 0)
     elif rec.state == P_DONE:

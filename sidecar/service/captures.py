@@ -63,6 +63,10 @@ class CaptureProcess(ProcessRun):
     stack_summary: dict[str, Any] | None = None  # sampled stacks: their summary, built at the export
     step_thread_ms: float = 0.0  # the profiler's calls on the engine's step thread, as the probe measured
     export_ms: float | None = None  # writing its trace file, on the probe's export thread
+    # Its clock against the sidecar's when it reported done (clock_sync.py ``to_json``), and what the
+    # merge subtracts from its times: the offset where measurably off (another host), else 0.
+    clock: dict[str, Any] | None = None
+    clock_correction_ns: int = 0
 
 
 @dataclass(eq=False, kw_only=True)
@@ -166,6 +170,8 @@ class CaptureManager(JobManager[Capture]):
         rec.raw_file, rec.bytes = report.file or "", report.bytes
         rec.stacks, rec.stacks_file = report.stacks, report.stacks_file
         rec.step_thread_ms, rec.export_ms = report.step_thread_ms, report.export_ms
+        if rec.conn is not None:
+            rec.clock, rec.clock_correction_ns = rec.conn.clock.to_json(), rec.conn.clock.correction_ns
         if report.stack_summary is not None:  # the probe's own word: its samples were not saved
             self._take_stack_summary(capture, rec, report.stack_summary)
 

@@ -5,7 +5,8 @@ sidecar, each file is compressed, and all of them are merged into one gzip Chrom
 which every process has a clear name and all of them share one timeline:
 
 - Kineto writes ``ts`` relative to ``baseTimeNanoseconds`` (wall clock, per process); the merged
-  trace uses the smallest base and shifts the others by the difference.
+  trace uses the smallest base and shifts the others by the difference. A process whose clock is
+  measurably off the sidecar's (another host: clock_sync.py) has its base corrected first.
 - device tracks (GPU kernels) use the device index as ``pid``, which would collide between ranks:
   they get a pid of their own, named after the owning process.
 - flow ids (CPU launch → GPU kernel arrows) are made unique per process.
@@ -88,7 +89,14 @@ class RawTrace:
 
     @property
     def base_ns(self) -> int:
+        """The file's own base: its process's wall clock."""
         return int(self.members.get("baseTimeNanoseconds") or 0)
+
+    @property
+    def aligned_base_ns(self) -> int:
+        """The base on the sidecar's clock: less the process's clock offset where that was
+        measurably off (another host; clock_sync.py), else the file's own."""
+        return self.base_ns - int(getattr(self.rec, "clock_correction_ns", 0) or 0)
 
     def sampled_events(self) -> Iterator[dict]:
         """The sampled stacks' events on this file's clock (none without sampled stacks)."""
@@ -292,7 +300,7 @@ def remove_raw(capture_dir: Path, files: Iterable[Path]) -> None:
 
 def write_merged(path: Path, traces: list[RawTrace]) -> None:
     """Merge checked raw traces (in merged-trace order) into one gzip trace at ``path``."""
-    ref = min(t.base_ns for t in traces)
+    ref = min(t.aligned_base_ns for t in traces)
     tmp = path.with_suffix(".tmp")
     try:
         _write_merged(tmp, traces, ref)
@@ -320,7 +328,7 @@ def _write_merged(tmp: Path, traces: list[RawTrace], ref: int) -> None:
         for index, trace in enumerate(traces):
             batches = chain(_batched(trace.sampled_events()),
                             read_events(str(trace.path), TopLevel(), Any, keep=frozenset()))
-            for event in _process_events(index, trace.rec, batches, (trace.base_ns - ref) / 1000.0):
+            for event in _process_events(index, trace.rec, batches, (trace.aligned_base_ns - ref) / 1000.0):
                 if not first:
                     out.write(",\n")
                 out.write(json.dumps(event, separators=(",", ":")))

@@ -8,7 +8,8 @@ own nonce and its proof that it knows the token. The next frame must be the prob
 else, or a wrong proof, is refused with 4400 and logged, and only a probe whose proof checks out is
 registered and sent anything more. Every later frame is decoded and validated as a whole
 (``protocol.decode_from_probe``) before anything of it is applied; a malformed one is logged and
-dropped, and the connection goes on. Heartbeats update the process's step count and sync watch;
+dropped, and the connection goes on. Clock probes go out from the moment a probe is registered
+(clock_sync.py) and their replies feed its clock estimate. Heartbeats update the process's step count and sync watch;
 job reports go to the job board, which routes them by job id; a request's ask for a capture (and its
 release) to request_captures.py.
 
@@ -28,9 +29,10 @@ import time
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from .. import auth
-from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, Answer, CaptureReport, Challenge, Heartbeat, Hello, Proof,
-                        ProtocolError, ProtocolVersionError, RequestCapture, RequestCaptureRelease, SyncReport,
+from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, Answer, CaptureReport, Challenge, ClockReply, Heartbeat, Hello,
+                        Proof, ProtocolError, ProtocolVersionError, RequestCapture, RequestCaptureRelease, SyncReport,
                         decode_from_probe, decode_hello, encode)
+from .clock_sync import keep_probing
 from .job_board import JobBoard
 from .keys import JOBS, QUERIES, REGISTRY, SETTINGS
 from .queries import QueryBroker
@@ -75,9 +77,11 @@ async def _session(request: web.Request, ws: web.WebSocketResponse) -> None:
         return
     conn = app[REGISTRY].add(hello.process, ws)
     log.info("probe connected: %s", conn.identity.label)
+    clock = asyncio.ensure_future(keep_probing(conn.clock, conn.send))
     try:
         await _serve(ws, conn, app[REGISTRY], app[JOBS], app[QUERIES], app[REQUEST_CAPTURES])
     finally:
+        clock.cancel()
         app[REGISTRY].remove(conn)
         log.info("probe disconnected: %s", conn.identity.label)
         app[QUERIES].on_probe_lost(conn)
@@ -159,6 +163,8 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, registry: Pro
             request_captures.on_ask(conn, msg)
         elif isinstance(msg, RequestCaptureRelease):
             await request_captures.on_release(conn, msg)
+        elif isinstance(msg, ClockReply):
+            conn.clock.on_reply(msg)
     if dropped > 1:
         log.warning("probe %s: %d malformed messages dropped on this connection", conn.identity.label, dropped)
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from ..protocol import FromSidecar, Heartbeat, InFlight, ProcessIdentity, encode
+from .clock_sync import ClockEstimate
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ class ProbeConnection:
     # The slowest step that ended between its last two heartbeats (ms, step number); None: none ended.
     slowest_step_ms: float | None = None
     slowest_step: int | None = None
+    # Its clock against the sidecar's (clock_sync.py): how its trace is put on the sidecar's clock.
+    clock: ClockEstimate = field(default_factory=ClockEstimate)
     # (count, when received): what the next rate is measured from.
     _baseline: tuple[int, float] | None = field(default=None, init=False, repr=False)
 
@@ -93,6 +96,7 @@ class ProbeConnection:
             "last_seen": self.last_seen,
             "open_step_ms": round(self.open_step_ms, 1) if self.open_step_ms is not None else None,
             "stuck": self.stuck_json(),
+            "clock": self.clock.to_json(),
         }
 
 
