@@ -34,6 +34,9 @@ ENV_DISABLE = "SIDECAR_DISABLE"
 # message says. Default: beside the default token file (trace_dir()). `sidecar serve` takes it as
 # its default --trace-dir, so that sidecar and engine share one root when it is set.
 ENV_TRACE_DIR = "SIDECAR_TRACE_DIR"
+# Set to 1 to have the sidecar fetch this process's files over the probe channel even where it could
+# read them (it does so anyway where it cannot: another host or container, detected by a marker file).
+ENV_PROBE_SEND_FILES = "SIDECAR_PROBE_SEND_FILES"
 
 # Upper bounds that keep a capture's output finite. The sidecar's flags can lower or raise them.
 DEFAULT_MAX_STEPS = 1000

@@ -14,7 +14,12 @@ connection, says nothing more), then answers ``proof``; the sidecar checks it an
 registers the probe (wrong: close code ``CLOSE_REFUSED``).
 
 probe → sidecar
-  hello      {protocol, process: ProcessIdentity, nonce}
+  hello      {protocol, process: ProcessIdentity, nonce, files_at?, marker?}
+                                                   ``files_at``: the probe's trace root; ``marker``: the
+                                                   name of a file it made in ``<files_at>/probes/``:
+                                                   where the sidecar sees it, the two share a file
+                                                   system and the sidecar reads the files the probe
+                                                   names; else it fetches them (``fetch``)
   proof      {proof}                               HMAC("probe", sidecar nonce, probe nonce)
   heartbeat  {steps, sync_watch?, open_step_ms?, stuck?, in_flight?, slowest_step_ms?, slowest_step?}
                                                    working steps so far; the watch report when changed;
@@ -31,6 +36,11 @@ probe → sidecar
                                                    answer; ``steps`` is the cap
   request_capture_release  {ask, reason}           the request went on without waiting any longer
                                                    (or was cancelled): stop that ask's capture
+  file_chunk {file, offset, size, data, sha256?, error?}
+                                                   bytes of a file the sidecar fetched: ``data`` is
+                                                   base64; ``size`` the whole file's; ``sha256`` of
+                                                   the whole file comes with its last chunk, after
+                                                   which the probe deletes the file
   clock_reply  {seq, probe_ns}                     this process's wall clock (``time.time_ns()``)
                                                    when ``clock`` ``seq`` arrived: answered by the
                                                    link thread at once, never the step thread
@@ -56,6 +66,9 @@ sidecar → probe
                                     (``capture_id``, its ``url`` path), or why there is none
                                     (``skipped``: another job runs, no engine process, not armed in
                                     time); the request waits for nothing else
+  fetch      {file, offset}         send a file this probe wrote and named (a capture's raw trace or
+                                    samples, a recorder dump) from ``offset``: one ``file_chunk`` of
+                                    at most ``CHUNK_BYTES``; only files under the probe's own root
   clock      {seq}                  a clock probe: the sidecar notes its own wall clock when sending
                                     and when the reply arrives, and estimates this process's clock
                                     offset from the fastest round trips, as NTP does (service/clock_sync.py)
@@ -71,8 +84,11 @@ so that step is recorded; the sidecar's ``begin`` (the highest of the counts, no
 processes further when it arrives before their first step. It ends after ``steps`` working steps or
 when the request does (``REQUEST_ENDED``: the engine integration ends it on each step thread).
 
-Version 8: clock probes (``clock``, ``clock_reply``, issue 14): the sidecar aligns each process's
-trace on its own clock where a process's clock is measurably off (another host).
+Version 8 (issue 14): clock probes (``clock``, ``clock_reply``): the sidecar aligns each process's
+trace on its own clock where a process's clock is measurably off (another host). Files over the
+channel (``hello.files_at``/``marker``, ``fetch``, ``file_chunk``): a probe that does not share the
+sidecar's file system (another host or container) has its files fetched, in chunks the sidecar
+asks for one at a time (its own back-pressure), checked by size and SHA-256.
 
 Version 7: request-scoped captures (issue 11): ``CaptureSpec.request_id``, ``request_capture``,
 ``request_capture_answer``, ``request_capture_release``.
@@ -93,6 +109,7 @@ import msgspec
 
 PROTOCOL_VERSION = 8
 PROBE_WS_PATH = "/probe/ws"
+PROBE_MARKERS_DIR = "probes"  # <trace root>/probes/<hello.marker>: a probe's marker (sidecar/probe/trace_root.py)
 RECORDER_DIR = "recorder"  # <trace root>/recorder/<process file stem>-q<query id>.json: a recorder dump
 # Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
 # version, a wrong proof); the close frame's reason says why.
@@ -199,10 +216,16 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     pass
 
 
+Marker = Annotated[str, msgspec.Meta(pattern=r"^([0-9]{1,10}-[0-9a-f]{32})?\Z")]  # "<pid>-<random>", or none
+CHUNK_BYTES = 512 * 1024  # base64 makes it about 700 KB: under the channel's 1 MiB frame limit
+
+
 class Hello(_Message, tag="hello", kw_only=True):
     protocol: int
     process: ProcessIdentity
     nonce: Hex64  # fresh for each connection
+    files_at: Text = ""  # the probe's trace root (absolute)
+    marker: Marker = ""  # a file in <files_at>/probes/ (none: the probe asks to have its files fetched)
 
 
 class Challenge(_Message, tag="challenge", kw_only=True):
@@ -351,6 +374,20 @@ class RequestCaptureRelease(_Message, tag="request_capture_release", kw_only=Tru
 ClockSeq = Annotated[int, msgspec.Meta(ge=1, le=2**53)]
 
 
+class Fetch(_Message, tag="fetch", kw_only=True):
+    file: Text  # as the probe named it in a report or an answer
+    offset: Count = 0
+
+
+class FileChunk(_Message, tag="file_chunk", kw_only=True):
+    file: Text
+    offset: Count
+    size: Count = 0  # the whole file's
+    data: Annotated[str, msgspec.Meta(max_length=(CHUNK_BYTES + 2) // 3 * 4)] = ""  # base64
+    sha256: Hex64 | None = None  # with the last chunk: of the whole file
+    error: Text | None = None  # the file cannot be sent (none such, not this probe's, unreadable)
+
+
 class ClockProbe(_Message, tag="clock", kw_only=True):
     """Reply at once with the wall clock: one sample of this process's clock offset."""
 
@@ -363,8 +400,8 @@ class ClockReply(_Message, tag="clock_reply", kw_only=True):
 
 
 FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, Answer, RequestCapture, RequestCaptureRelease,
-                  ClockReply]
-FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer, ClockProbe]
+                  ClockReply, FileChunk]
+FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer, ClockProbe, Fetch]
 JobReport = Union[CaptureReport, SyncReport]
 
 

@@ -1,7 +1,8 @@
-"""Issue 14, one timeline across hosts: a probe on a host whose clock is seconds off (a fake engine
-with ``FAKE_ENGINE_CLOCK_SKEW_S``) has its offset measured over the probe channel and its trace put
-on the sidecar's clock in the merged trace, within the uncertainty the capture reports; a process
-on the sidecar's own host is never moved."""
+"""Issue 14, two "hosts" on one machine: a probe with its own private trace folder that the sidecar
+is told not to read (``SIDECAR_PROBE_SEND_FILES=1``: its files come over the probe channel) and a
+clock seconds off (a fake engine with ``FAKE_ENGINE_CLOCK_SKEW_S``) has its offset measured over the
+channel and its trace, fetched, put on the sidecar's clock in the merged trace, within the
+uncertainty the capture reports; a process on the sidecar's own host is never moved."""
 
 import asyncio
 import gzip
@@ -30,13 +31,16 @@ def grid_distance_ms(abs_ns: float) -> float:
     return min(d, grid_ns - d) / 1e6
 
 
-async def test_a_skewed_process_lands_on_the_sidecars_clock(sidecar, engines):  # noqa: F811
+async def test_a_remote_skewed_process_lands_on_the_sidecars_clock(sidecar, engines, tmp_path):  # noqa: F811
     client = await sidecar()
     grid = ("--grid-ms", str(GRID_MS), "--step-ms", "1")
+    remote_root = tmp_path / "other-host"
     engines(client.url, "worker", "--rank", "0", *grid)
-    engines(client.url, "worker", "--rank", "1", *grid, env={"FAKE_ENGINE_CLOCK_SKEW_S": str(SKEW_S)})
+    engines(client.url, "worker", "--rank", "1", *grid, env={
+        "FAKE_ENGINE_CLOCK_SKEW_S": str(SKEW_S), "SIDECAR_TRACE_DIR": str(remote_root), "SIDECAR_PROBE_SEND_FILES": "1"})
     await wait_processes(client, 2)
     procs = {p["rank"]: p for p in await wait_clocks(client, 2)}
+    assert procs[0]["files_shared"] is True and procs[1]["files_shared"] is False
 
     local, remote = procs[0]["clock"], procs[1]["clock"]
     # Physics, not tolerance: the true offset lies within half the fastest round trip of the estimate.
@@ -44,12 +48,16 @@ async def test_a_skewed_process_lands_on_the_sidecars_clock(sidecar, engines):  
     assert remote["applied"] is True
     assert abs(local["offset_ms"]) <= local["uncertainty_ms"] + 0.002 and local["applied"] is False, local
 
-    resp = await client.get("/profile/start", params={"steps": "3"})
+    resp = await client.get("/profile/start", params={"steps": "3", "with_stack": "1"})
     assert resp.status == 202
     status = await wait_final(client, (await resp.json())["id"])
     assert status["state"] == "done", status
     by_rank = {p["rank"]: p for p in status["processes"]}
     assert by_rank[1]["clock"]["applied"] and not by_rank[0]["clock"]["applied"]
+    # The remote trace and its sampled stacks came over the channel; the probe deleted its copies.
+    assert by_rank[1]["state"] == "done" and by_rank[1]["bytes"] > 0
+    assert by_rank[1]["stacks"] == "sampled" and by_rank[1]["stack_summary"]["samples"] > 0, by_rank[1]
+    assert not list((remote_root / "captures").rglob("*.json")), "the probe keeps no copy once sent"
 
     merged = json.loads(gzip.decompress(await (await client.get(status["trace"])).read()))
     base = merged["baseTimeNanoseconds"]
@@ -62,3 +70,16 @@ async def test_a_skewed_process_lands_on_the_sidecars_clock(sidecar, engines):  
         # be 50 ms away.
         nearest = min(grid_distance_ms(t) for t in starts)
         assert nearest <= proc["clock"]["uncertainty_ms"] + JITTER_MS, (rank, nearest, proc["clock"])
+
+
+async def test_the_recorder_of_a_remote_process_comes_over_the_channel(sidecar, engines, tmp_path):  # noqa: F811
+    client = await sidecar()
+    remote_root = tmp_path / "other-host"
+    engines(client.url, "worker", "--rank", "0", env={"SIDECAR_TRACE_DIR": str(remote_root),
+                                                     "SIDECAR_PROBE_SEND_FILES": "1"})
+    await wait_processes(client, 1)
+    await asyncio.sleep(0.5)  # some steps
+    body = await (await client.get("/recorder", params={"seconds": "60"})).json()
+    (proc,) = body["processes"]
+    assert proc.get("error") is None and len(proc["steps"]) > 10, proc.get("error")
+    assert not list((remote_root / "recorder").glob("*.json")), "the dump was deleted once sent"

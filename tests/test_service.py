@@ -24,7 +24,7 @@ def engines(tmp_path):
     def spawn(url, role, *args, token=PROBE_TOKEN, env=None):
         # The probes' own trace root, apart from the sidecar's trace dir: the sidecar reads what they report.
         env = dict(os.environ, SIDECAR_ENDPOINT=url, SIDECAR_TOKEN=token, SIDECAR_TOKEN_FILE=str(tmp_path / "none"),
-                   SIDECAR_TRACE_DIR=str(tmp_path / "probe-root"), **(env or {}))
+                   SIDECAR_TRACE_DIR=str(tmp_path / "probe-root")) | (env or {})
         proc = subprocess.Popen([sys.executable, str(FAKE_ENGINE), role, *args], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(proc)

@@ -53,10 +53,14 @@ class SidecarLink:
         token_provider: Callable[[], str | None] = auth.read_token,
         warmup: Callable[[], None] | None = None,
         protocol: int = PROTOCOL_VERSION,
+        files_at: str = "",
+        marker: str = "",
     ) -> None:
+        """``files_at``, ``marker``: the probe's trace root and its marker file there (``hello``)."""
         self._url = endpoint.rstrip("/") + PROBE_WS_PATH
         self._process = process
         self._protocol = protocol
+        self._files_at, self._marker = files_at, marker
         self._on_message = on_message
         self._on_disconnect = on_disconnect
         self._heartbeat = heartbeat
@@ -169,7 +173,8 @@ class SidecarLink:
         """Hello, the server's challenge checked, then this probe's proof. False: the connection is
         left, and nothing but the hello was sent on it."""
         nonce = auth.new_nonce()
-        await ws.send_str(encode(Hello(protocol=self._protocol, process=self._process, nonce=nonce)))
+        await ws.send_str(encode(Hello(protocol=self._protocol, process=self._process, nonce=nonce,
+                                       files_at=self._files_at, marker=self._marker)))
         try:
             frame = await ws.receive(timeout=CHALLENGE_TIMEOUT_S)
         except asyncio.TimeoutError:

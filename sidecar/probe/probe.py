@@ -31,6 +31,7 @@ from ..protocol import (
     Begin,
     CaptureReport,
     CaptureSpec,
+    Fetch,
     FromSidecar,
     Heartbeat,
     Hello,
@@ -49,6 +50,7 @@ from ..protocol import (
 from .. import thread_stacks
 from ..flight_ring import GcPauses, RequestRing, StepRing, capacity_from_environment
 from . import sync_tools
+from .file_sender import FileSender
 from .limits import ProbeLimits
 from .link import SidecarLink
 from .queries import QueryAnswerer
@@ -59,6 +61,16 @@ from .watchdog import Watchdog, threshold_from_environment
 from ..step_window import clip
 
 log = logging.getLogger(__name__)
+
+
+def _make_marker(root: TraceRoot) -> str:
+    """This probe's marker in its trace root; "" (its files will be fetched) when it cannot be made."""
+    try:
+        return root.make_marker()
+    except (OSError, ValueError) as exc:
+        log.warning("inference-sidecar: no marker in %s (%s): the sidecar will fetch this process's files",
+                    root.path, exc)
+        return ""
 
 
 def _warm_profiler_imports() -> None:
@@ -144,6 +156,10 @@ class Probe:
             ring = self.ring
             self.watchdog = Watchdog(threshold, lambda: ring.open_since_ns, lambda: self.steps + 1,
                                      lambda: thread_stacks.snapshot(ring.step_thread_id))
+        # Files go over the channel where the sidecar does not see this marker (another host) or
+        # where SIDECAR_PROBE_SEND_FILES asks (file_sender.py).
+        self._marker = "" if config.env_flag(config.ENV_PROBE_SEND_FILES) else _make_marker(self.trace_root)
+        self._files = FileSender(self.trace_root)
         self._link = SidecarLink(
             endpoint or config.endpoint(),
             self.identity,
@@ -151,6 +167,8 @@ class Probe:
             on_disconnect=self._on_disconnect,
             heartbeat=self._heartbeat,
             warmup=_warm_profiler_imports,
+            files_at=os.path.realpath(self.trace_root.path),
+            marker=self._marker,
         )
         # A process that receives requests (a window role, the API server) asks for request-scoped
         # captures from its event loop; step-driven processes only record them.
@@ -171,6 +189,8 @@ class Probe:
         self._link.close()
         self._exporter.shutdown(wait=False)
         self.gc_pauses.uninstall()
+        if self._marker:
+            self.trace_root.remove_marker(self._marker)
 
     @property
     def connected(self):
@@ -266,6 +286,8 @@ class Probe:
             case RequestCaptureAnswer():
                 if self.request_captures is not None:
                     self.request_captures.on_answer(msg)
+            case Fetch():
+                self._link.send(self._files.answer(msg))
 
     def _job(self, job_id: str):
         """The capture or scan of this probe with that id (ids are unique across kinds); None."""

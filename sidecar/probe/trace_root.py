@@ -14,13 +14,15 @@ from __future__ import annotations
 import errno
 import os
 import re
+import secrets
 import shutil
 from pathlib import Path
 
-from ..protocol import JOB_ID_PATTERN, RECORDER_DIR
+from ..protocol import JOB_ID_PATTERN, PROBE_MARKERS_DIR, RECORDER_DIR
 
 CAPTURES = "captures"
 RAW = "raw"
+PROBES = PROBE_MARKERS_DIR  # <root>/probes/<pid>-<random>: one empty marker per probe, for the sidecar to look for
 NO_SPACE = "no space left on device"
 # After an export, less free space than this on the trace's file system means the write hit the
 # wall: Kineto's writer does not raise on a full disk, it leaves a cut-short or empty file.
@@ -45,6 +47,27 @@ class TraceRoot:
         ``<root>/recorder/<stem>-q<id>.json``. The sidecar reads it and deletes it."""
         return self._under_root("the recorder dump", stem, RECORDER_DIR, f"{stem}-q{int(query_id)}.json")
 
+    def make_marker(self) -> str:
+        """Create this process's marker file, ``<root>/probes/<pid>-<random>``, and return its name.
+        The sidecar looks for it (``hello.marker``): where it sees it, the two share this file
+        system and the sidecar reads the probe's files itself; else it fetches them over the channel.
+        Markers of processes no longer alive on this host are removed first. Raises OSError."""
+        folder = Path(self._under_root("the probe markers", PROBES, PROBES))
+        folder.mkdir(mode=0o700, exist_ok=True)
+        for old in folder.iterdir():
+            pid = old.name.partition("-")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                old.unlink(missing_ok=True)
+        name = f"{os.getpid()}-{secrets.token_hex(16)}"
+        (folder / name).touch(mode=0o600)
+        return name
+
+    def remove_marker(self, name: str) -> None:
+        try:
+            (self.path / PROBES / name).unlink()
+        except OSError:
+            pass
+
     def _under_root(self, what: str, stem: str, *parts: str) -> str:
         if os.sep in stem or stem in ("", ".", ".."):
             raise ValueError(f"{stem!r} is not a file name")
@@ -57,6 +80,16 @@ class TraceRoot:
             raise ValueError(f"{what} would resolve outside this process's trace root "
                              f"{self.path} (a symbolic link in it?)")
         return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # alive, another user's
+        return True
+    return True
 
 
 def is_disk_full(error: BaseException | None) -> bool:

@@ -22,13 +22,14 @@ import json
 import logging
 import shutil
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from ..protocol import P_DONE, P_FAILED, REQUEST_ENDED, Arm, CaptureReport, CaptureSpec, Verdict
 from ..step_window import clip
-from . import arming, disk_space, merge
+from .. import stack_samples
+from . import arming, disk_space, file_fetch, merge
 from .arming import ARM_REPLY_S
 from .job_board import JobBoard
 from .job_manager import STOP_GRACE_S, JobManager
@@ -84,6 +85,9 @@ class Capture(Job):
     trigger: dict[str, Any] | None = None  # the trigger firing that started it (triggers.py); None: a user did
     # The request it is bound to: {"id", "max_steps", "asked_by"} (request_captures.py); None: not bound.
     bound_request: dict[str, Any] | None = None
+    # Files being fetched from processes that do not share the sidecar's disk (file_fetch.py): the
+    # export waits for them.
+    fetches: list[asyncio.Task] = field(default_factory=list, repr=False)
 
     def spec(self) -> CaptureSpec:
         r = self.request
@@ -172,6 +176,9 @@ class CaptureManager(JobManager[Capture]):
         rec.step_thread_ms, rec.export_ms = report.step_thread_ms, report.export_ms
         if rec.conn is not None:
             rec.clock, rec.clock_correction_ns = rec.conn.clock.to_json(), rec.conn.clock.correction_ns
+            if not rec.conn.shares_files and (rec.raw_file or rec.stacks_file):
+                # Fetched now, while the process is surely there, not when every process is done.
+                capture.fetches.append(asyncio.ensure_future(self._fetch_files(capture, rec)))
         if report.stack_summary is not None:  # the probe's own word: its samples were not saved
             self._take_stack_summary(capture, rec, report.stack_summary)
 
@@ -215,8 +222,33 @@ class CaptureManager(JobManager[Capture]):
             rec.raw_file, rec.stacks_file, rec.bytes = None, None, 0
         await super()._cancel(capture)
 
+    async def _fetch_files(self, capture: Capture, rec: CaptureProcess) -> None:
+        """Bring a remote process's raw trace (and samples) into this capture's raw folder, where the
+        merge reads a local process's; a file that does not arrive fails that process, not the capture."""
+        raw_dir = capture.dir / merge.RAW_DIR
+        remote_trace, remote_samples = rec.raw_file, rec.stacks_file
+        rec.raw_file, rec.stacks_file = None, None  # never a path on another host's disk
+        try:
+            if remote_trace:
+                target = raw_dir / f"{rec.stem}.json"
+                await file_fetch.fetch_file(rec.conn, remote_trace, target, self._max_bytes)
+                rec.raw_file = str(target)
+            if remote_samples:
+                target = raw_dir / f"{rec.stem}{stack_samples.SUFFIX}"
+                try:
+                    await file_fetch.fetch_file(rec.conn, remote_samples, target, self._max_bytes)
+                    rec.stacks_file = str(target)
+                except file_fetch.FetchError as exc:  # the stacks are lost, never the trace
+                    rec.stack_summary = {"error": f"python stacks lost: samples not received: {exc}"}
+        except file_fetch.FetchError as exc:
+            log.warning("capture %s: %s: trace not received: %s", capture.id, rec.label, exc)
+            if rec.state == P_DONE:
+                capture.move(rec, P_FAILED, f"trace not received from the process: {exc}")
+
     async def _export(self, capture: Capture) -> None:
         loop = asyncio.get_running_loop()
+        if capture.fetches:
+            await asyncio.gather(*capture.fetches, return_exceptions=True)
         try:
             result = await loop.run_in_executor(
                 self._executor, merge.finalize_capture, capture.dir, capture.processes, self._max_bytes)

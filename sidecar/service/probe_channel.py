@@ -29,9 +29,10 @@ import time
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from .. import auth
-from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, Answer, CaptureReport, Challenge, ClockReply, Heartbeat, Hello,
-                        Proof, ProtocolError, ProtocolVersionError, RequestCapture, RequestCaptureRelease, SyncReport,
-                        decode_from_probe, decode_hello, encode)
+from ..protocol import (CLOSE_REFUSED, PROBE_MARKERS_DIR, PROBE_WS_PATH, Answer, CaptureReport, Challenge, ClockReply,
+                        FileChunk, Heartbeat, Hello, Proof, ProtocolError, ProtocolVersionError, RequestCapture,
+                        RequestCaptureRelease, SyncReport, decode_from_probe, decode_hello, encode)
+from . import file_fetch
 from .clock_sync import keep_probing
 from .job_board import JobBoard
 from .keys import JOBS, QUERIES, REGISTRY, SETTINGS
@@ -75,13 +76,15 @@ async def _session(request: web.Request, ws: web.WebSocketResponse) -> None:
         return
     if not await _authenticate(ws, hello, app[SETTINGS].probe_token, request.remote):
         return
-    conn = app[REGISTRY].add(hello.process, ws)
-    log.info("probe connected: %s", conn.identity.label)
+    shared = file_fetch.shares_files(hello.files_at, hello.marker, PROBE_MARKERS_DIR)
+    conn = app[REGISTRY].add(hello.process, ws, shares_files=shared)
+    log.info("probe connected: %s%s", conn.identity.label, "" if shared else " (its files come over the channel)")
     clock = asyncio.ensure_future(keep_probing(conn.clock, conn.send))
     try:
         await _serve(ws, conn, app[REGISTRY], app[JOBS], app[QUERIES], app[REQUEST_CAPTURES])
     finally:
         clock.cancel()
+        file_fetch.fail_all(conn, "the process disconnected")
         app[REGISTRY].remove(conn)
         log.info("probe disconnected: %s", conn.identity.label)
         app[QUERIES].on_probe_lost(conn)
@@ -165,6 +168,8 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, registry: Pro
             await request_captures.on_release(conn, msg)
         elif isinstance(msg, ClockReply):
             conn.clock.on_reply(msg)
+        elif isinstance(msg, FileChunk):
+            file_fetch.on_chunk(conn, msg)
     if dropped > 1:
         log.warning("probe %s: %d malformed messages dropped on this connection", conn.identity.label, dropped)
 

@@ -10,10 +10,12 @@ import json
 import time
 
 from ..protocol import RECORDER_DIR
+from . import file_fetch
 from .queries import QueryBroker
 
 # A recorder dump is a file of up to a few MiB: the processes have this long to write theirs.
 RECORDER_TIMEOUT_S = 10.0
+MAX_DUMP_BYTES = 256 << 20  # a full step ring dumps to tens of MiB of JSON: far more is not a dump
 
 
 async def gather_recording(queries: QueryBroker, conns: list, seconds: float) -> tuple[list, int, int]:
@@ -28,8 +30,13 @@ async def gather_recording(queries: QueryBroker, conns: list, seconds: float) ->
         if reply.answer is not None and error is None:
             expected = f"{reply.conn.identity.file_stem}-q{reply.answer.query_id}.json"
             try:
-                dump = await loop.run_in_executor(None, read_dump, reply.answer.file, expected)
-            except (OSError, ValueError) as exc:
+                if reply.conn.shares_files:
+                    dump = await loop.run_in_executor(None, read_dump, reply.answer.file, expected)
+                else:  # another host: the dump comes over the channel (file_fetch.py)
+                    if os.path.basename(reply.answer.file or "") != expected:
+                        raise ValueError(f"{reply.answer.file!r} is not this query's recorder dump")
+                    dump = json.loads(await file_fetch.fetch_bytes(reply.conn, reply.answer.file, MAX_DUMP_BYTES))
+            except (OSError, ValueError, file_fetch.FetchError) as exc:
                 error = f"its recorder dump could not be read: {exc}"
         answers.append((reply.conn.to_json(), dump, error))
     return answers, until_ns - int(seconds * 1e9), until_ns

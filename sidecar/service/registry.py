@@ -39,6 +39,10 @@ class ProbeConnection:
     slowest_step: int | None = None
     # Its clock against the sidecar's (clock_sync.py): how its trace is put on the sidecar's clock.
     clock: ClockEstimate = field(default_factory=ClockEstimate)
+    # The sidecar sees its marker file: it reads the files the probe names; else it fetches them
+    # over the channel (file_fetch.py), whose chunks wait here by (file, offset).
+    shares_files: bool = True
+    chunk_waiters: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False)
     # (count, when received): what the next rate is measured from.
     _baseline: tuple[int, float] | None = field(default=None, init=False, repr=False)
 
@@ -97,6 +101,7 @@ class ProbeConnection:
             "open_step_ms": round(self.open_step_ms, 1) if self.open_step_ms is not None else None,
             "stuck": self.stuck_json(),
             "clock": self.clock.to_json(),
+            "files_shared": self.shares_files,
         }
 
 
@@ -123,8 +128,8 @@ class ProbeRegistry:
             except Exception:  # a listener's fault must not cut the probe's connection
                 log.exception("heartbeat listener failed")
 
-    def add(self, identity: ProcessIdentity, ws: web.WebSocketResponse) -> ProbeConnection:
-        conn = ProbeConnection(next(self._ids), identity, ws)
+    def add(self, identity: ProcessIdentity, ws: web.WebSocketResponse, shares_files: bool = True) -> ProbeConnection:
+        conn = ProbeConnection(next(self._ids), identity, ws, shares_files=shares_files)
         self._probes[conn.id] = conn
         return conn
 

@@ -14,6 +14,7 @@ from sidecar.protocol import (PROBE_WS_PATH, PROTOCOL_VERSION, Arm, Begin, Captu
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.verdicts import FINAL
 
+from sidecar.probe.trace_root import TraceRoot
 from service_fakes import identity
 
 TOKEN = "probe-token"
@@ -42,12 +43,15 @@ class Probe:
         return msg
 
 
-async def connect(client, role, rank=None, **kwargs):
-    """A probe through the handshake: its hello, the sidecar's challenge checked, its proof."""
+async def connect(client, role, rank=None, files_at=None, **kwargs):
+    """A probe through the handshake: its hello, the sidecar's challenge checked, its proof. With
+    ``files_at``, its trace root there and its marker in it: the sidecar reads its files there."""
     ident = identity(role, rank, **kwargs)
     ws = await client.ws_connect(PROBE_WS_PATH)
     nonce = auth.new_nonce()
-    await ws.send_str(encode(Hello(protocol=PROTOCOL_VERSION, process=ident, nonce=nonce)))
+    marker = TraceRoot(files_at).make_marker() if files_at is not None else ""
+    await ws.send_str(encode(Hello(protocol=PROTOCOL_VERSION, process=ident, nonce=nonce,
+                                   files_at=str(files_at or ""), marker=marker)))
     challenge = decode_from_sidecar((await ws.receive(timeout=5)).data)
     assert isinstance(challenge, Challenge) and auth.sidecar_proof_ok(TOKEN, nonce, challenge.nonce, challenge.proof)
     await ws.send_str(encode(Proof(proof=auth.probe_proof(TOKEN, challenge.nonce, nonce))))
@@ -116,7 +120,7 @@ async def test_roles_are_data_listing_order_and_the_processes_filter(client):
         ("api_server", None), ("engine_core", None), ("scheduler", 0), ("worker", 1)]
     assert procs[2]["label"].startswith("scheduler rank 0 (pid ") and procs[2]["engine"] == "fake 1.0"
     assert set(procs[0]) == {"role", "pid", "rank", "label", "host", "cuda", "engine", "last_step", "step_rate",
-                             "connected_at", "last_seen", "open_step_ms", "stuck", "clock"}
+                             "connected_at", "last_seen", "open_step_ms", "stuck", "clock", "files_shared"}
     resp = await client.get("/profile/start", params={"steps": "1", "processes": "gpu"})
     body = await resp.json()
     assert resp.status == 400 and body["param"] == "processes" and body["error"] == "bad_parameter"
@@ -129,8 +133,8 @@ async def test_roles_are_data_listing_order_and_the_processes_filter(client):
 
 
 async def test_a_whole_capture_over_the_channel(client, tmp_path):
-    core = await connect(client, "engine_core")
-    worker = await connect(client, "worker", 0)
+    core = await connect(client, "engine_core", files_at=tmp_path / "probe-root")
+    worker = await connect(client, "worker", 0, files_at=tmp_path / "probe-root")
     await processes(client, 2)
     resp = await client.post("/profile/start", json={"steps": 1, "delay": 2, "with_stack": True})
     assert resp.status == 202
