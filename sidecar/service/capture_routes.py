@@ -8,7 +8,7 @@ from aiohttp import web
 
 from .captures import Capture, CaptureProcess, capture_url
 from .job_states import FINAL
-from .job_routes import start_job, stop_job
+from .job_routes import ID, start_job, stop_job
 from .jobs import CAPTURE
 from .keys import CAPTURES
 from .params import parse_capture_request
@@ -117,9 +117,9 @@ def add_capture_routes(app: web.Application) -> None:
     app.add_routes([
         web.route("*", "/profile/start", profile_start),
         web.post("/profile/stop", profile_stop),
-        web.get("/profile/{id}", profile_status),
-        web.get("/profile/{id}/trace", profile_trace),
-        web.get("/profile/{id}/files/{name}", profile_file),
-        web.get("/profile/{id}/summary", profile_summary),
+        web.get(f"/profile/{ID}", profile_status),
+        web.get(f"/profile/{ID}/trace", profile_trace),
+        web.get(f"/profile/{ID}/files/{{name}}", profile_file),
+        web.get(f"/profile/{ID}/summary", profile_summary),
         web.get("/profiles", profiles),
     ])

@@ -19,6 +19,11 @@ _BUSY = {
     SCAN.name: ("scan_in_progress", "sync scan {id} is {state}; wait for it or POST /sync/stop"),
 }
 
+# The fixed words after a job kind's prefix (/profile/stop, /sync/start): never an id. Its routes' {id}
+# refuses them, so a wrong method on /profile/stop is a 405 naming POST, not "no capture 'stop'".
+RESERVED_SEGMENTS = ("start", "stop")
+ID = "{id:(?!(?:" + "|".join(RESERVED_SEGMENTS) + ")$)[^/]+}"
+
 # parse_capture_request / parse_scan_request: (params, max_steps, connected roles) -> request
 Parse = Callable[[Mapping[str, str], int, list[str]], Any]
 

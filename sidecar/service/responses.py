@@ -39,13 +39,21 @@ def http_exception_json(exc: web.HTTPException) -> web.Response:
     headers = CIMultiDict(exc.headers)
     for name in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH):
         headers.popall(name, None)
-    return json_error(exc.status, error_code(exc.status), exc.text or exc.reason, headers=headers)
+    return json_error(exc.status, error_code(exc.status), _message(exc), headers=headers)
+
+
+def _message(exc: web.HTTPException) -> str:
+    bare = not exc.text or exc.text == f"{exc.status}: {exc.reason}"  # aiohttp's default text
+    if bare and isinstance(exc, web.HTTPMethodNotAllowed):  # a known path, another method
+        allowed = sorted(exc.allowed_methods)
+        return f"{exc.method} is not allowed on this path; use {' or '.join(allowed)} (the Allow header)"
+    return exc.text or exc.reason
 
 
 async def start_params(request: web.Request) -> dict[str, str]:
     """Parameters of a start request: the query string, plus a form or JSON body on POST."""
     if request.method not in ("GET", "POST"):
-        raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"], text="use GET or POST")
+        raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])  # the message: _message
     params = dict(request.query)
     if request.method == "POST" and request.can_read_body:
         params.update(await body_params(request))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..syncs.report import merge_watch_reports
-from .job_routes import start_job, stop_job
+from .job_routes import ID, start_job, stop_job
 from .keys import REGISTRY, SCANS
 from .params import parse_scan_request
 
@@ -50,7 +50,7 @@ def add_scan_routes(app: web.Application) -> None:
     app.add_routes([
         web.route("*", "/sync/start", sync_start),
         web.post("/sync/stop", sync_stop),
-        web.get("/sync/{id}", sync_status),
+        web.get(f"/sync/{ID}", sync_status),
         web.get("/syncs", syncs),
         web.get("/syncs/watch", syncs_watch),
     ])

@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import json
 import logging
+import re
 
 import pytest
 from aiohttp import FormData, web
@@ -151,6 +152,55 @@ async def test_a_method_not_allowed_keeps_its_allow_header(client):
     body = await json_error(resp, 405)
     assert body["error"] == "method_not_allowed"
     assert set(resp.headers["Allow"].split(",")) == {"GET", "POST"}
+
+
+# Fixed words that a dynamic route of the same prefix could take for an id (/profile/{id} and /profile/stop).
+@pytest.mark.parametrize("method, path, allowed", [
+    ("GET", "/profile/stop", {"POST"}),
+    ("HEAD", "/profile/stop", {"POST"}),
+    ("DELETE", "/profile/stop", {"POST"}),
+    ("GET", "/sync/stop", {"POST"}),
+    ("HEAD", "/sync/stop", {"POST"}),
+    ("PUT", "/sync/stop", {"POST"}),
+    ("PUT", "/profile/start", {"GET", "POST"}),
+    ("DELETE", "/sync/start", {"GET", "POST"}),
+])
+async def test_a_wrong_method_on_a_reserved_path_is_a_405_not_an_unknown_id(client, method, path, allowed):
+    resp = await client.request(method, path)
+    assert resp.status == 405, await resp.text()
+    assert set(resp.headers["Allow"].split(",")) == allowed
+    if method != "HEAD":
+        body = await json_error(resp, 405)
+        assert body["error"] == "method_not_allowed"
+        assert method in body["message"] and all(m in body["message"] for m in allowed), body
+
+
+def _route_table(app) -> dict[str, set[str]]:
+    """canonical path -> the methods its routes serve ("*": what start_params takes)."""
+    table: dict[str, set[str]] = {}
+    for route in app.router.routes():
+        methods = {"GET", "POST"} if route.method == "*" else {route.method}
+        table.setdefault(route.resource.canonical, set()).update(methods)
+    return table
+
+
+async def test_every_path_answers_every_other_method_with_a_json_405_listing_its_own(client):
+    wrong = []
+    for canonical, methods in sorted(_route_table(client.app).items()):
+        path = re.sub(r"\{(\w+)\}", r"no-such-\1", canonical)
+        for method in sorted({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"} - methods):
+            resp = await client.request(method, path)
+            allow = set(filter(None, resp.headers.get("Allow", "").split(",")))
+            json_body = method == "HEAD" or resp.content_type == "application/json"
+            if resp.status != 405 or allow != methods or not json_body:
+                wrong.append(f"{method} {path}: {resp.status} Allow={sorted(allow)} ({resp.content_type}), "
+                             f"expected 405 Allow={sorted(methods)}")
+    assert not wrong, "\n".join(wrong)
+
+
+async def test_a_reserved_word_under_a_job_path_is_no_capture_and_no_405(client):
+    for path in ("/profile/stop/trace", "/profile/start/summary", "/sync/stop/x", "/profile/stopped"):
+        await json_error(await client.get(path), 404)
 
 
 async def test_an_http_exception_that_is_already_json_is_left_as_it_is(client):
