@@ -115,14 +115,15 @@ class EngineProfile:
         return frozenset(r.name for r in self.roles if not r.step_driven)
 
     def identity(self, role: str, rank: int | None = None, *, pid: int | None = None, host: str | None = None,
-                 cuda: bool = False, engine: str | None = None) -> ProcessIdentity:
-        """This process's identity on the probe channel, as role ``role`` of this engine."""
+                 cuda: bool = False, engine: str | None = None, instance: str = "") -> ProcessIdentity:
+        """This process's identity on the probe channel, as role ``role`` of this engine (``instance``:
+        the engine instance it belongs to, where several share one sidecar)."""
         r = self.role(role)
         return ProcessIdentity(
             role=r.name, role_label=r.label, step_driven=r.step_driven,
             pid=os.getpid() if pid is None else pid, rank=rank,
             host=socket.gethostname() if host is None else host, cuda=cuda,
-            engine=self.describe() if engine is None else engine)
+            engine=self.describe() if engine is None else engine, instance=instance)
 
     # -- the hidden-sync detector's view of the engine ----------------------------------------------
     def skip_dirs(self) -> tuple[str, ...]:

@@ -171,6 +171,9 @@ class ProcessIdentity(msgspec.Struct, frozen=True, kw_only=True):
     host: Text = ""
     cuda: bool = False
     engine: Text = ""  # "vllm 0.32.0"
+    # The engine instance (one server; one data-parallel engine core and its workers): processes of
+    # one instance count the same working steps. "": the only one, unnamed.
+    instance: Text = ""
     extra: dict[str, Union[str, int, float, bool, None]] = {}
 
     @property

@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where a worker's step runs its products; cuda: its probe records CUDA activity")
     parser.add_argument("--size", type=int, default=32, help="the step's square matrix is SIZE x SIZE")
+    parser.add_argument("--instance", default="", help="the engine instance this process belongs to")
     parser.add_argument("--grid-ms", type=float, default=None,
                         help="begin each working step on a multiple of MS of the host's true wall clock")
     parser.add_argument("--telemetry", action="store_true",
@@ -93,7 +94,7 @@ def main() -> None:
     x = torch.randn(args.size, args.size, device="cuda" if on_gpu else "cpu")
     if args.role == "api_server":
         loop = asyncio.new_event_loop()
-        Probe(args.role, args.rank, loop=loop, cuda_available=False).start()
+        Probe(args.role, args.rank, loop=loop, cuda_available=False, instance=args.instance).start()
 
         async def serve():
             while True:
@@ -103,8 +104,8 @@ def main() -> None:
         loop.run_until_complete(serve())
         return
     # On the GPU the probe finds CUDA and reads SIDECAR_SYNC_WATCH itself, as in a real engine.
-    probe = (Probe(args.role, args.rank).start() if on_gpu
-             else Probe(args.role, args.rank, cuda_available=False, sync_watch=watch).start())
+    probe = (Probe(args.role, args.rank, instance=args.instance).start() if on_gpu
+             else Probe(args.role, args.rank, cuda_available=False, sync_watch=watch, instance=args.instance).start())
     taken = 0
     while True:
         has_work = args.steps_then_idle is None or taken < args.steps_then_idle

@@ -83,3 +83,25 @@ async def test_the_recorder_of_a_remote_process_comes_over_the_channel(sidecar, 
     (proc,) = body["processes"]
     assert proc.get("error") is None and len(proc["steps"]) > 10, proc.get("error")
     assert not list((remote_root / "recorder").glob("*.json")), "the dump was deleted once sent"
+
+
+async def test_two_engine_instances_each_start_at_their_own_step(sidecar, engines):  # noqa: F811
+    """Two servers sharing one sidecar count their own steps: one started seconds after the other is
+    thousands of steps behind, and a common start step would make it record steps the first one took
+    long ago (or wait seconds for them). Each instance gets a start step ahead of its own counts."""
+    client = await sidecar()
+    engines(client.url, "engine_core", "--instance", "a")
+    engines(client.url, "worker", "--rank", "0", "--instance", "a")
+    await wait_processes(client, 2)
+    await asyncio.sleep(2.0)  # instance a is about a thousand steps ahead
+    engines(client.url, "worker", "--rank", "0", "--instance", "b")
+    procs = await wait_processes(client, 3)
+    assert sorted(p["instance"] for p in procs) == ["a", "a", "b"]
+    resp = await client.get("/profile/start", params={"steps": "3", "timeout_s": "20"})
+    status = await wait_final(client, (await resp.json())["id"])
+    assert status["state"] == "done", status
+    starts = status["start_steps"]
+    assert set(starts) == {"a", "b"} and starts["b"] + 200 < starts["a"], starts
+    assert status["start_step"] is None  # no one step is common to both
+    for p in status["processes"]:
+        assert p["first_step"] == starts[p["instance"]] and p["steps_recorded"] == 3, p

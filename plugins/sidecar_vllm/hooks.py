@@ -48,8 +48,21 @@ _MISSING = object()
 
 
 def _attach_probe(obj, role: str, rank: int | None, **probe_kwargs):
-    """``obj``'s probe as a vLLM process (sidecar.integration.attach)."""
-    return attach.attach_probe(obj, VLLM_PROFILE, role, rank, **probe_kwargs)
+    """``obj``'s probe as a vLLM process (sidecar.integration.attach), of its engine instance."""
+    return attach.attach_probe(obj, VLLM_PROFILE, role, rank, instance=engine_instance(obj, role), **probe_kwargs)
+
+
+def engine_instance(obj, role: str) -> str:
+    """The engine instance ``obj`` belongs to: vLLM's own id of the server (``VllmConfig.instance_id``,
+    made in the API server and shipped with the config to its engine cores and workers), and under
+    data parallelism the engine core's rank, since each data-parallel engine core counts its own
+    steps. "" where vLLM has no such id (then one instance is assumed, as before)."""
+    config = getattr(obj, "vllm_config", None)
+    server = str(getattr(config, "instance_id", "") or "")
+    parallel = getattr(config, "parallel_config", None)
+    if server and role != ROLE_API_SERVER and (getattr(parallel, "data_parallel_size", 1) or 1) > 1:
+        return f"{server}/dp{getattr(parallel, 'data_parallel_rank', 0)}"
+    return server
 
 
 def _attach_telemetry(obj, role: str, rank: int | None, *, steps: bool):

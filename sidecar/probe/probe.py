@@ -101,6 +101,7 @@ class Probe:
         recorder_steps: int | None = None,
         watchdog_s: float | None = None,
         request_ring: bool | None = None,
+        instance: str = "",
     ) -> None:
         """``role``: one of ``profile.roles`` (ValueError otherwise). ``loop``: the asyncio loop a
         process without steps records on (API server). ``on_capture_report``: also told of every
@@ -111,11 +112,12 @@ class Probe:
         SIDECAR_SYNC_WATCH asks for. ``trace_root``, ``limits``: instead of SIDECAR_TRACE_DIR and the
         SIDECAR_PROBE_MAX_* variables. ``in_flight``: the requests this process knows in flight
         (``/requests``), called on the link thread. ``recorder_steps``, ``watchdog_s``: instead of
-        SIDECAR_RECORDER_STEPS and SIDECAR_WATCHDOG_S."""
+        SIDECAR_RECORDER_STEPS and SIDECAR_WATCHDOG_S. ``instance``: the engine instance this
+        process belongs to (processes of one count the same steps), where several may share a sidecar."""
         if cuda_available is None:
             cuda_available = _cuda_available()
         self.profile = profile
-        self.identity: ProcessIdentity = profile.identity(role, rank, cuda=cuda_available)
+        self.identity: ProcessIdentity = profile.identity(role, rank, cuda=cuda_available, instance=instance)
         # The sidecar refuses a hello it cannot decode and the link would retry it forever: check it
         # here, once, so a bad identity (a negative rank) fails the probe's start, loudly.
         decode_hello(encode(Hello(protocol=PROTOCOL_VERSION, process=self.identity, nonce="0" * 64)))

@@ -3,7 +3,8 @@
 Arming has two phases. The sidecar sends ``arm`` / ``sync_arm``; every step-driven probe answers
 with its count of working steps (``steps_seen``). Every process of an engine counts the same working
 steps, so one ``begin`` with a start step ahead of all the counts makes every process record the
-*same* engine steps. The lead covers the time ``begin`` takes to reach the probes: 2 steps plus
+*same* engine steps — per engine instance (``ProcessIdentity.instance``): two instances count their own
+steps, and each gets a start step ahead of its own counts. The lead covers the time ``begin`` takes to reach the probes: 2 steps plus
 ``BEGIN_LEAD_S`` at the fastest observed step rate, or the slowest probe's round trip for ``arm``
 where that was longer (a loaded host, a busy event loop: ``begin`` travels the same way). ``delay`` (working steps to skip) is added here
 and nowhere else: the probes are told only where to start.
@@ -23,7 +24,7 @@ guessed too long makes the job wait for steps that may never come (a burst that 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 ARM_REPLY_S = 3.0  # how long every step-driven probe has to answer "arm" before it counts as lost
 BEGIN_LEAD_S = 0.25  # the start step lies this far ahead at the fastest observed step rate
@@ -51,6 +52,16 @@ def start_step(steps_seen: Iterable[int], fastest_rate: float | None, delay: int
                arm_round_trip_s: float | None = None) -> int:
     """``max(steps_seen) + lead + delay``; ``steps_seen`` must not be empty."""
     return max(steps_seen) + lead_steps(fastest_rate, arm_round_trip_s) + delay
+
+
+def by_instance(processes: Sequence[Any]) -> dict[str, list[Any]]:
+    """Step-driven processes grouped by engine instance (``identity.instance``, "" when unnamed), in
+    their order. The processes of one instance count the same steps; two instances (two servers
+    sharing a sidecar, data-parallel engine cores) count their own, so each gets its own start step."""
+    groups: dict[str, list[Any]] = {}
+    for rec in processes:
+        groups.setdefault(rec.identity.instance, []).append(rec)
+    return groups
 
 
 def at_once(steps_seen: Iterable[int]) -> int:

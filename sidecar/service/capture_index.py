@@ -67,6 +67,7 @@ def from_json(folder: Path, data: dict[str, Any], *, interrupted: bool) -> Captu
         state=FAILED if interrupted else data["state"],
         reason=INTERRUPTED if interrupted else data.get("reason"),
         notes=list(data.get("notes") or []), start_step=data.get("start_step"),
+        start_steps={str(k): int(v) for k, v in (data.get("start_steps") or {}).items() if isinstance(v, int)},
         created_at=float(data.get("created_at") or id_time(CAPTURE, folder.name) or _mtime(folder)),
         finished_at=_mtime(folder) if interrupted else data.get("finished_at"),
         trigger=data.get("trigger") if isinstance(data.get("trigger"), dict) else None,

@@ -24,6 +24,7 @@ def capture_json(capture: Capture) -> dict[str, Any]:
         "notes": capture.notes,
         "steps": r.steps,
         "start_step": capture.start_step,
+        "start_steps": capture.start_steps,
         "delay": r.delay,
         "created_at": capture.created_at,
         "finished_at": capture.finished_at,
@@ -48,11 +49,12 @@ def capture_json(capture: Capture) -> dict[str, Any]:
 
 def _process_json(p: CaptureProcess) -> dict[str, Any]:
     return {
-        "role": p.role, "pid": p.pid, "rank": p.rank, "label": p.label,
+        "role": p.role, "pid": p.pid, "rank": p.rank, "label": p.label, "instance": p.identity.instance,
         "state": p.state, "steps_recorded": p.steps_recorded, "first_step": p.first_step,
         "file": p.file, "bytes": p.bytes, "error": p.error,
         "stacks": p.stacks, "stack_summary": p.stack_summary,
         "step_thread_ms": p.step_thread_ms, "export_ms": p.export_ms,
+        "clock": p.clock,
     }
 
 

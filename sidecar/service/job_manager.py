@@ -190,16 +190,22 @@ class JobManager(Generic[J]):
         for rec in job.step_driven:
             if rec.state == P_ARMED and rec.steps_seen is None:
                 job.move(rec, P_LOST, f"did not answer 'arm' within {self._arm_reply_s:g} s")
-        if replied:
-            job.start_step = self._start_step(job, replied)
-            begin = Begin(job_id=job.id, start_step=job.start_step)
-            for rec in replied:
+        # Each engine instance counts its own steps (two servers sharing this sidecar, data-parallel
+        # engine cores): one start step per instance, ahead of that instance's counts.
+        for instance, members in arming.by_instance(replied).items():
+            start = self._start_step(job, members)
+            job.start_steps[instance] = start
+            begin = Begin(job_id=job.id, start_step=start)
+            for rec in members:
+                rec.start_step = start
                 if not await rec.conn.send(begin):
                     job.move(rec, P_LOST, "probe unreachable when beginning")
+        job.start_step = next(iter(job.start_steps.values())) if len(job.start_steps) == 1 else None
         await self._progress(job)
 
     def _start_step(self, job: J, replied: list[ProcessRun]) -> int:
-        """The common start step sent in ``begin`` (arming.py); a kind may start its jobs otherwise."""
+        """The start step sent in ``begin`` to ``replied``, the processes of one engine instance
+        (arming.py); a kind may start its jobs otherwise."""
         fastest = arming.fastest_rate(p.conn.step_rate for p in replied)
         slowest_reply = max((p.arm_round_trip_s or 0.0 for p in replied), default=None)
         return arming.start_step((p.steps_seen for p in replied), fastest, job.request.delay, slowest_reply)
@@ -241,9 +247,9 @@ class JobManager(Generic[J]):
         if report.state == self.kind.running:
             job.move(rec, report.state)
             rec.first_step = report.first_step
-            if rec.step_driven and job.start_step is not None and rec.first_step != job.start_step:
+            if rec.step_driven and rec.start_step is not None and rec.first_step != rec.start_step:
                 job.notes.append(
-                    f"{rec.label} started at step {rec.first_step}, not {job.start_step}: "
+                    f"{rec.label} started at step {rec.first_step}, not {rec.start_step}: "
                     "the begin message reached it late, so its steps differ from the others'")
             # An API server's window opens at "arm": only a step-driven process records steps.
             if job.state == ARMED and rec.step_driven:

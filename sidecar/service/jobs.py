@@ -76,6 +76,7 @@ class ProcessRun:
     steps_recorded: int = 0
     steps_seen: int | None = None  # the process's working-step count when it was armed
     first_step: int | None = None  # the working step it started recording at
+    start_step: int | None = None  # the step "begin" told it to start at (its instance's)
     arm_round_trip_s: float | None = None  # from sending "arm" to its "armed" reply (the begin lead)
     error: str | None = None
     stop_reason: str | None = None  # why the probe ended early, as it reported (its own limit, say)
@@ -128,7 +129,8 @@ class Job:
     created_at: float = field(default_factory=time.time)
     armed_at: float = field(default_factory=time.monotonic)  # when "arm" was sent (reset at sending)
     finished_at: float | None = None
-    start_step: int | None = None  # the common first working step sent in "begin"
+    start_step: int | None = None  # the common first working step sent in "begin" (None: several instances)
+    start_steps: dict[str, int] = field(default_factory=dict)  # each engine instance's ("": unnamed)
     notes: list[str] = field(default_factory=list)
     armed_event: asyncio.Event = field(default_factory=asyncio.Event)  # every step-driven process answered
     done_event: asyncio.Event = field(default_factory=asyncio.Event)  # final state reached

@@ -94,6 +94,7 @@ class ProbeConnection:
             "host": ident.host,
             "cuda": ident.cuda,
             "engine": ident.engine,
+            "instance": ident.instance,
             "last_step": self.steps,
             "step_rate": round(self.step_rate, 1) if self.step_rate is not None else None,
             "connected_at": self.connected_at,

@@ -49,4 +49,5 @@ def identity_from_json(p: dict[str, Any]) -> ProcessIdentity:
     suffix = (f" rank {rank}" if rank is not None else "") + f" (pid {pid})"
     role_label = label[: -len(suffix)] if label.endswith(suffix) and len(label) > len(suffix) else role
     return ProcessIdentity(role=role, role_label=role_label, step_driven=_STEP_DRIVEN.get(role, True),
-                           pid=max(1, pid), rank=rank if isinstance(rank, int) else None)
+                           pid=max(1, pid), rank=rank if isinstance(rank, int) else None,
+                           instance=str(p.get("instance") or ""))

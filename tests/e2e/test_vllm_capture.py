@@ -33,6 +33,9 @@ def test_five_step_capture_records_every_process(vllm_stack, background_load, tm
     assert status["state"] == "done", status
     roles = Counter(p["role"] for p in status["processes"])
     assert roles == {"api_server": 1, "engine_core": 1, "worker": 1}
+    # One server, one engine instance: vLLM's own id of it, the same in every process (issue 14).
+    instances = {p["instance"] for p in client.request("GET", "/processes")["processes"]}
+    assert len(instances) == 1 and instances != {""}, instances
 
     events, names = merged_events(client, status, tmp_path)
     by_role = {p["role"]: p for p in status["processes"]}

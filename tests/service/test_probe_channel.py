@@ -120,7 +120,8 @@ async def test_roles_are_data_listing_order_and_the_processes_filter(client):
         ("api_server", None), ("engine_core", None), ("scheduler", 0), ("worker", 1)]
     assert procs[2]["label"].startswith("scheduler rank 0 (pid ") and procs[2]["engine"] == "fake 1.0"
     assert set(procs[0]) == {"role", "pid", "rank", "label", "host", "cuda", "engine", "last_step", "step_rate",
-                             "connected_at", "last_seen", "open_step_ms", "stuck", "clock", "files_shared"}
+                             "connected_at", "last_seen", "open_step_ms", "stuck", "clock", "files_shared",
+                             "instance"}
     resp = await client.get("/profile/start", params={"steps": "1", "processes": "gpu"})
     body = await resp.json()
     assert resp.status == 400 and body["param"] == "processes" and body["error"] == "bad_parameter"
@@ -175,7 +176,7 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
             break
         await asyncio.sleep(0.02)
     assert status["state"] == "done", status
-    assert list(status) == ["id", "state", "reason", "notes", "steps", "start_step", "delay", "created_at",
+    assert list(status) == ["id", "state", "reason", "notes", "steps", "start_step", "start_steps", "delay", "created_at",
                             "finished_at", "headline", "trace", "trace_bytes", "summary", "processes", "trigger",
                             "request", "files", "options"]
     assert status["trace"] == f"/profile/{capture_id}/trace" and status["start_step"] == 14 and status["delay"] == 2
@@ -184,7 +185,8 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     assert status["options"] == {"activities": "host default", "record_shapes": False, "with_stack": True,
                                  "stacks": "sampled", "stack_hz": 1000.0,
                                  "profile_memory": False, "with_flops": False, "timeout_s": 120.0, "processes": "all"}
-    assert list(status["processes"][0]) == ["role", "pid", "rank", "label", "state", "steps_recorded", "first_step",
+    assert list(status["processes"][0]) == ["role", "pid", "rank", "label", "instance", "state", "steps_recorded",
+                                            "first_step",
                                             "file", "bytes", "error", "stacks", "stack_summary", "step_thread_ms",
                                             "export_ms", "clock"]
     assert [p["stack_summary"]["samples"] for p in status["processes"]] == [7, 7]
