@@ -1,8 +1,9 @@
-"""Issue 14, two "hosts" on one machine: a probe with its own private trace folder that the sidecar
+"""Issue 14, beyond one host. Two "hosts" on one machine: a probe with its own private trace folder that the sidecar
 is told not to read (``SIDECAR_PROBE_SEND_FILES=1``: its files come over the probe channel) and a
 clock seconds off (a fake engine with ``FAKE_ENGINE_CLOCK_SKEW_S``) has its offset measured over the
 channel and its trace, fetched, put on the sidecar's clock in the merged trace, within the
-uncertainty the capture reports; a process on the sidecar's own host is never moved."""
+uncertainty the capture reports; a process on the sidecar's own host is never moved. Two engine
+instances sharing one sidecar each start at their own step."""
 
 import asyncio
 import gzip
