@@ -171,3 +171,19 @@ def test_phase_rule_paths_exist(src):
 def test_profile_roles():
     assert SGLANG_PROFILE.window_roles == {"api_server"}
     assert [r.name for r in SGLANG_PROFILE.roles if r.step_driven] == ["scheduler"]
+
+
+def test_request_telemetry_fields(src):
+    """What requests.py reads of a finished request (its time stats, tokens, finish reason)."""
+    tm = src.cls(hooks.TOKENIZER_MODULE, "TokenizerManager")
+    assert params(methods(tm)["_handle_batch_output"])[:2] == ["self", "recv_obj"]
+    assert {"rid_to_state", "served_model_name"} <= self_attributes_set(tm)
+    state = src.cls(hooks.TOKENIZER_MODULE, "ReqState")
+    assert {"finished", "obj", "time_stats"} <= class_fields(state)
+    out = src.cls("sglang.srt.managers.io_struct", "BatchStrOutput")
+    assert {"finished_reasons", "prompt_tokens", "completion_tokens", "cached_tokens"} <= class_fields(out)
+    assert "rids" in class_fields(src.cls("sglang.srt.managers.io_struct", "BaseBatchReq"))
+    stats = src.cls("sglang.srt.observability.req_time_stats", "APIServerReqTimeStats")
+    assert {"created_time", "first_token_time", "finished_time"} <= class_fields(stats)
+    scheduler = src.cls("sglang.srt.observability.req_time_stats", "SchedulerReqTimeStats")
+    assert {"wait_queue_entry_time", "forward_entry_time"} <= class_fields(scheduler)

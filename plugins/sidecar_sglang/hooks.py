@@ -17,8 +17,10 @@ default) the device time of batch N is paid in step N+1, when its result is sync
 
 - ``Scheduler.__init__``: the scheduler's probe and step telemetry (SGLang loads plugins in
   ``run_scheduler_process`` before building the ``Scheduler``).
-- ``TokenizerManager.auto_create_handle_loop``: the HTTP server process, a window role. Its probe
-  needs the event loop its captures record on, which SGLang creates there, on the first request.
+- ``TokenizerManager.auto_create_handle_loop``: the HTTP server process, a window role, instrumented
+  with ``sidecar.instrument`` (probe, process telemetry, request telemetry). Its probe needs the
+  event loop its captures record on, which SGLang creates there, on the first request.
+- ``TokenizerManager._handle_batch_output``: each finished request's spans and metrics (requests.py).
 
 Each patch is independent (``sidecar.integration.patching``): one that fails is logged and the others
 still apply. A failure inside a hook is logged once per object and SGLang goes on untouched.
@@ -36,6 +38,7 @@ from sidecar.integration import attach, patching
 from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR
 
 from .profile import ROLE_API_SERVER, ROLE_SCHEDULER, SGLANG_PROFILE, SUPPORTED_VERSIONS
+from .requests import INSTRUMENT_ATTR, wrap_handle_batch_output
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +186,24 @@ def _wrap_auto_create_handle_loop(original):
     def auto_create_handle_loop(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         # Called on every request: after the first, one dict lookup.
-        if PROBE_ATTR not in self.__dict__:
+        if INSTRUMENT_ATTR not in self.__dict__:
             loop = getattr(self, "event_loop", None)
             if loop is not None:
-                attach.attach_probe(self, SGLANG_PROFILE, ROLE_API_SERVER, None, loop=loop)
+                _instrument_http_server(self, loop)
         return result
 
     return auto_create_handle_loop
+
+
+def _instrument_http_server(manager, loop) -> None:
+    """The HTTP server's probe (its captures record on ``loop``), process telemetry and request
+    telemetry (requests.py), through the engine-agnostic ``sidecar.instrument``."""
+    from sidecar import instrument
+
+    inst = instrument(SGLANG_PROFILE, role=ROLE_API_SERVER, loop=loop,
+                      model=str(getattr(manager, "served_model_name", "") or ""))
+    manager.__dict__[INSTRUMENT_ATTR] = inst if inst.enabled else None
+    manager.__dict__[PROBE_ATTR] = inst.probe
 
 
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
@@ -200,6 +214,7 @@ PATCHES: tuple[patching.Patch, ...] = (
     (SCHEDULER_MODULE, "Scheduler", "get_next_batch_to_run", _wrap_get_next_batch_to_run),
     (SCHEDULER_MODULE, "Scheduler", "ingest_requests", _wrap_ingest_requests),
     (TOKENIZER_MODULE, "TokenizerManager", "auto_create_handle_loop", _wrap_auto_create_handle_loop),
+    (TOKENIZER_MODULE, "TokenizerManager", "_handle_batch_output", wrap_handle_batch_output),
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import time
+import urllib.request
 from collections import Counter
 
 import pytest
@@ -60,3 +61,56 @@ def test_three_step_capture_records_scheduler_and_http_server(sglang_stack, back
     assert any(e.get("pid") == server["pid"] and e.get("ph") == "X" for e in events), "no events from the HTTP server"
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     assert "scheduler" in names[scheduler["pid"]]
+
+
+def _complete(stack, prompt: str, max_tokens: int) -> dict:
+    body = {"model": stack.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True}
+    req = urllib.request.Request(f"{stack.server_url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def _metric_sum(client: SidecarClient, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = client.get_bytes("/metrics").decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def _settled(client: SidecarClient, names: tuple[str, ...], push_s: float = 6.0, timeout_s: float = 60) -> dict:
+    """The metrics once two reads a push interval apart agree: every earlier request is in them."""
+    last = {n: _metric_sum(client, n) for n in names}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(push_s)
+        now = {n: _metric_sum(client, n) for n in names}
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the metrics kept changing: {last}")
+
+
+def test_requests_become_the_genai_metrics_and_recorder_rows(sglang_stack):
+    """SGLang's own request time stats, read in its HTTP server, reach the sidecar's /metrics (TTFT,
+    duration, requests) and the flight recorder's request ring, one per request."""
+    client = SidecarClient(sglang_stack.sidecar_url)
+    names = ("gen_ai_server_time_to_first_token_seconds_count", "gen_ai_server_request_duration_seconds_count",
+             "sidecar_requests_total")
+    before = _settled(client, names)  # what earlier requests left, once pushed
+    since_ns = time.time_ns()
+    for salt in range(3):
+        _complete(sglang_stack, f"the step number {salt} of the engine", max_tokens=6)
+    deadline = time.monotonic() + 30  # the HTTP server pushes its metrics every 5 s
+    while time.monotonic() < deadline:
+        after = {n: _metric_sum(client, n) for n in names}
+        if all(after[n] - before[n] >= 3 for n in names):
+            break
+        time.sleep(0.5)
+    assert {n: after[n] - before[n] for n in names} == {n: 3 for n in names}, (before, after)
+    recorder = client.request("GET", "/recorder?seconds=60")
+    (server,) = [p for p in recorder["processes"] if p["process"]["role"] == "api_server"]
+    mine = [r for r in server["requests"] if r["arrived_ns"] >= since_ns]
+    assert len(mine) == 3 and all(r["outcome"] == "finished" and r["ttft_ms"] > 0 and r["output_tokens"] == 6
+                                  for r in mine), mine
