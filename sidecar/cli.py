@@ -1,4 +1,4 @@
-"""sidecar: profile a running LLM inference engine (serve, capture, sync, status, analyze, ...).
+"""sidecar: profile a running LLM inference engine (serve, capture, sync, status, analyze, diff, ...).
 
 Each sub-command lives with the concept it drives and registers itself through a small
 ``register(subparsers)`` function, so this module stays a dispatcher.
@@ -28,6 +28,7 @@ _COMMAND_MODULES = {
     "requests": "sidecar.incident_cli",
     "triggers": "sidecar.incident_cli",
     "analyze": "sidecar.analysis.cli",
+    "diff": "sidecar.analysis.diff_cli",
     "make-model": "sidecar.devtools.local_model",
 }
 

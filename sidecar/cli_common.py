@@ -4,10 +4,8 @@ and how a failure is told to the person at the terminal (one line on stderr, a n
 from __future__ import annotations
 
 import argparse
-import http.client
 import os
 import sys
-import urllib.error
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +36,11 @@ def make_client(args: argparse.Namespace, timeout: float = 30.0) -> SidecarClien
 
 def run_command(name: str, client_url: str, work: Callable[[], int]) -> int:
     """``work()``'s exit code; what can go wrong talking to a sidecar becomes one line on stderr."""
+    # Imported here, not with the module: `sidecar diff` registers through it, and a diff of two local
+    # files would otherwise pay for the HTTP stack's imports (about 50 ms) without using it.
+    import http.client
+    import urllib.error
+
     try:
         return work()
     except SidecarError as exc:

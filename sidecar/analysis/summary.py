@@ -87,9 +87,13 @@ def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
     return ProcessResult(view.label, gpu, comm, ops, launch_stats, found_syncs, gap_part, window, body)
 
 
-def analyze_path(path: str | os.PathLike, top_n: int = 10) -> dict:
+def analyze_path(path: str | os.PathLike, top_n: int = 10, *, all_names: bool = False) -> dict:
     """Analyse a trace file (.json or .json.gz, gzip detected by content) or a folder of rank
-    files. Raises TraceFormatError for anything unreadable."""
+    files. Raises TraceFormatError for anything unreadable.
+
+    ``all_names``: the top-level ``top_kernels``, ``top_ops`` and ``collectives.top`` list every name,
+    not the first ``top_n``: what ``sidecar diff`` compares (a kernel that left one capture's top ten is
+    still a figure to compare). The headline, the per-process lists and the largest gaps are unchanged."""
     if top_n < 1:
         raise ValueError("top_n must be at least 1")
     files = []
@@ -113,10 +117,11 @@ def analyze_path(path: str | os.PathLike, top_n: int = 10) -> dict:
             warnings.append(f"{file.name}: {data.ignored_count} events without a usable 'X' timestamp ignored")
         results.extend(analyze_process(view, top_n) for view in views)
         del data, views
-    return _summary(path, files, results, warnings, top_n)
+    return _summary(path, files, results, warnings, top_n, all_names)
 
 
-def _summary(path, files: list[dict], results: list[ProcessResult], warnings: list[str], top_n: int) -> dict:
+def _summary(path, files: list[dict], results: list[ProcessResult], warnings: list[str], top_n: int,
+             all_names: bool = False) -> dict:
     gpu = kernels.merge((r.gpu for r in results), (r.view_label for r in results))
     comm = collectives.CollectiveStats()
     ops = cpu.CpuStats()
@@ -146,7 +151,11 @@ def _summary(path, files: list[dict], results: list[ProcessResult], warnings: li
         "processes": [r.json for r in results],
         "warnings": warnings,
     }
-    summary["headline"] = headline(summary)
+    summary["headline"] = headline(summary)  # from the top_n lists: the same line as `sidecar analyze`'s
+    if all_names:
+        summary["gpu"]["top_kernels"] = kernels.top(gpu.kernels, len(gpu.kernels), gpu.kernel_time)
+        summary["cpu"]["top_ops"] = cpu.to_json(ops, len(ops.ops))["top_ops"]
+        summary["collectives"]["top"] = kernels.top(comm.kernels, len(comm.kernels), comm.time)
     return summary
 
 
@@ -168,17 +177,23 @@ def _rank_clashes(results: list[ProcessResult]) -> list[str]:
     return out
 
 
-def engine_steps(step_rows: list[dict]) -> tuple[int, float | None, int]:
-    """(engine steps, mean wall time of a complete one in µs, cut-off steps left out).
+def engine_step_rows(step_rows: list[dict]) -> tuple[int, list[dict]]:
+    """(engine steps, the step rows of the processes that have that many).
 
     Every process of a capture (every rank of a folder) records the same engine steps, so the count is
     the most any one process has, not the markers of all processes added up (an API server's single
-    window is no step). The mean is over the complete steps of the processes that have that many."""
+    window is no step)."""
     per_process: dict[tuple, list[dict]] = {}
     for row in step_rows:
         per_process.setdefault((row["process"], row["pid"]), []).append(row)
     count = max(len(rows) for rows in per_process.values())
-    rows = [row for rows in per_process.values() if len(rows) == count for row in rows]
+    return count, [row for rows in per_process.values() if len(rows) == count for row in rows]
+
+
+def engine_steps(step_rows: list[dict]) -> tuple[int, float | None, int]:
+    """(engine steps, mean wall time of a complete one in µs, cut-off steps left out). The mean is
+    over the complete steps of the processes that have the most (``engine_step_rows``)."""
+    count, rows = engine_step_rows(step_rows)
     whole = [row["wall_us"] for row in rows if not row.get("partial")]
     mean = sum(whole) / len(whole) if whole else None
     return count, mean, len(rows) - len(whole)

@@ -1,7 +1,7 @@
 """The sidecar's HTTP API (aiohttp). Endpoints are documented in docs/api.md; keep them stable.
 
 This module assembles the service: settings and shared state (keys.py), authentication and JSON
-errors, the routes of captures (capture_routes.py), sync scans (scan_routes.py), the incident views
+errors, the routes of captures (capture_routes.py) and of their diff (diff_routes.py), sync scans (scan_routes.py), the incident views
 (incident_routes.py: recorder, stacks, requests), processes and health (here), the probe channel (probe_channel.py) and the metrics receiver.
 """
 
@@ -16,6 +16,7 @@ from .. import __version__, auth
 from ..protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
 from . import merge
 from .capture_routes import add_capture_routes, capture_json
+from .diff_routes import add_diff_routes
 from .engine_state_metrics import EngineStateCollector
 from .incident_routes import add_incident_routes
 from .captures import Capture, CaptureManager
@@ -123,6 +124,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
 
     app.cleanup_ctx.append(lifecycle)
     add_capture_routes(app)
+    add_diff_routes(app)
     add_scan_routes(app)
     add_incident_routes(app)
     app.add_routes([web.get("/processes", processes), web.get("/healthz", healthz)])

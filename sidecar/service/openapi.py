@@ -17,6 +17,7 @@ from aiohttp import hdrs, web
 
 from .. import __version__, auth, config
 from ..protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ, METRICS_PUSH_PATH, PROBE_WS_PATH
+from .diff_routes import DIFF_FORMATS
 from .jobs import CAPTURE, SCAN
 from .keys import SETTINGS
 from .metrics_receiver import DECODED_ENCODINGS, MAX_BODY_BYTES, PROTOBUF, SCRAPE_PATH
@@ -188,6 +189,17 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", "/profile/{id}/summary"): {"summary": "the analysis of the merged trace (docs/analysis.md)",
                                        "path": [_path_param("id", id_pattern(CAPTURE))], "responses": {
         "200": _ok("the summary"), "404": _error("no such capture or summary"), "409": _error("still running")}},
+    ("GET", "/profile/{a}/diff/{b}"): {
+        "summary": "what changed from capture a to capture b, from their summaries (docs/analysis.md, sidecar diff)",
+        "path": [_path_param("a", id_pattern(CAPTURE)), _path_param("b", id_pattern(CAPTURE))],
+        "query": [_query("format", {"type": "string", "enum": list(DIFF_FORMATS), "default": "json"},
+                         "the diff's JSON, or the text `sidecar diff` prints")],
+        "responses": {"200": _ok("the diff", ["schema_version", "a", "b", "basis", "noise", "overall", "kernels",
+                                              "ops", "syncs", "gaps", "warnings"]),
+                      "400": _error("bad_parameter naming the parameter (param)"),
+                      "404": _error("no such capture (the message names it)"),
+                      "409": _error("a capture still runs, or ended without a summary"),
+                      "410": _error("a summary was removed")}},
     ("GET", "/profiles"): {"summary": "recent captures, newest first", "responses": {
         "200": _ok("the captures", ["captures"])}},
     **{(m, "/sync/start"): _start("hidden-sync scan", SCAN_KNOWN) for m in ANY_METHOD},
