@@ -4,7 +4,7 @@ MODEL ?= models/tiny
 SOAK_MINUTES ?= 30
 SOAK_ARGS ?=
 
-.PHONY: install model demo test test-gpu test-sglang bench soak clean
+.PHONY: install model demo test test-gpu test-sglang test-multi-server bench soak clean
 
 install:
 	@bash scripts/install.sh
@@ -17,7 +17,11 @@ demo: install model
 
 test: install
 	@bash scripts/install-test-backends.sh
-	$(PY) -m pytest -q -ra -m "not sglang"
+	$(PY) -m pytest -q -ra -m "not sglang and not multi_server"
+
+# Two real vLLM servers sharing one sidecar: engine instances (issue 14; two server starts, about 3 minutes).
+test-multi-server: install
+	$(PY) -m pytest -q -ra -m multi_server tests/e2e/test_vllm_two_servers.py
 
 # Real SGLang on CPU in its own venv, .venv/sglang (about 4 minutes and 3.8 GB the first time; docs/sglang.md).
 test-sglang: install

@@ -34,6 +34,10 @@ ENV_DISABLE = "SIDECAR_DISABLE"
 # message says. Default: beside the default token file (trace_dir()). `sidecar serve` takes it as
 # its default --trace-dir, so that sidecar and engine share one root when it is set.
 ENV_TRACE_DIR = "SIDECAR_TRACE_DIR"
+# The engine instance of this process (processes of one instance count the same working steps). An
+# engine plugin sets it in a server's first process, which its engine processes inherit; set it
+# yourself to group processes otherwise.
+ENV_INSTANCE = "SIDECAR_INSTANCE"
 # Set to 1 to have the sidecar fetch this process's files over the probe channel even where it could
 # read them (it does so anyway where it cannot: another host or container, detected by a marker file).
 ENV_PROBE_SEND_FILES = "SIDECAR_PROBE_SEND_FILES"

@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--delay", type=int, default=None, help="working steps to skip first (default 0)")
     p.add_argument("--activities", default=None, help="cpu,cuda (default: what the host has)")
     p.add_argument("--processes", default=None, help="only these, e.g. worker, worker:0,engine_core (default all)")
+    p.add_argument("--instance", default=None,
+                   help="only the processes of this engine instance, as `sidecar status --json` lists it (default all)")
     p.add_argument("--stacks", choices=("none", "sampled", "traced"), default=None,
                    help="Python stacks: sampled on a thread of the probe's own (cheap), or torch's traced stacks "
                         "where the engine allows them (see docs/api.md, Python stacks)")
@@ -53,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=5, help="working steps to scan (default %(default)s)")
     p.add_argument("--delay", type=int, default=None, help="working steps to skip first (default 0)")
     p.add_argument("--processes", default=None, help="only these, e.g. worker:0,engine_core (default all step-driven)")
+    p.add_argument("--instance", default=None, help="only the processes of this engine instance (default all)")
     p.add_argument("--baseline", default=None, metavar="SCAN_ID", help="mark the sites this earlier scan did not have")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the scan's JSON")
@@ -149,7 +152,7 @@ def _capture(args: argparse.Namespace) -> int:
     def work() -> int:
         started = client.start(
             args.steps, delay=args.delay, activities=args.activities, processes=args.processes,
-            with_stack=args.with_stack or None, stacks=args.stacks, stack_hz=args.stack_hz,
+            instance=args.instance, with_stack=args.with_stack or None, stacks=args.stacks, stack_hz=args.stack_hz,
             record_shapes=args.record_shapes or None, profile_memory=args.profile_memory or None,
             with_flops=args.with_flops or None, timeout_s=args.timeout,
         )
@@ -190,7 +193,7 @@ def _sync(args: argparse.Namespace) -> int:
 
     def work() -> int:
         params = {k: v for k, v in {"steps": args.steps, "delay": args.delay, "processes": args.processes,
-                                    "baseline": args.baseline}.items() if v is not None}
+                                    "instance": args.instance, "baseline": args.baseline}.items() if v is not None}
         started = client.request("POST", "/sync/start", params)
         progress = Progress()
         try:

@@ -106,3 +106,21 @@ async def test_two_engine_instances_each_start_at_their_own_step(sidecar, engine
     assert status["start_step"] is None  # no one step is common to both
     for p in status["processes"]:
         assert p["first_step"] == starts[p["instance"]] and p["steps_recorded"] == 3, p
+
+
+async def test_instance_selects_the_processes_of_one_engine_instance(sidecar, engines):  # noqa: F811
+    client = await sidecar()
+    engines(client.url, "worker", "--rank", "0", "--instance", "srv")
+    engines(client.url, "worker", "--rank", "0", "--instance", "srv/dp1")
+    engines(client.url, "worker", "--rank", "0", "--instance", "other")
+    await wait_processes(client, 3)
+    resp = await client.get("/profile/start", params={"steps": "2", "instance": "srv"})
+    status = await wait_final(client, (await resp.json())["id"])
+    assert status["state"] == "done" and status["options"]["instance"] == "srv", status
+    # A server's own processes and its data-parallel engine cores, not another server's.
+    assert sorted(p["instance"] for p in status["processes"]) == ["srv", "srv/dp1"]
+    bad = await client.get("/profile/start", params={"steps": "2", "instance": "nope"})
+    body = await bad.json()
+    assert bad.status == 400 and body["param"] == "instance" and "other" in body["message"], body
+    scan = await client.get("/sync/start", params={"steps": "1", "instance": "other"})
+    assert scan.status == 202, await scan.json()

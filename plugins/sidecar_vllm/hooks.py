@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from operator import countOf
 from time import time_ns
 
+from sidecar import config
 from sidecar.integration import attach, patching
 from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR, TELEMETRY_ATTR  # noqa: F401 (bench, tests)
 
@@ -53,13 +55,12 @@ def _attach_probe(obj, role: str, rank: int | None, **probe_kwargs):
 
 
 def engine_instance(obj, role: str) -> str:
-    """The engine instance ``obj`` belongs to: vLLM's own id of the server (``VllmConfig.instance_id``,
-    made in the API server and shipped with the config to its engine cores and workers), and under
-    data parallelism the engine core's rank, since each data-parallel engine core counts its own
-    steps. "" where vLLM has no such id (then one instance is assumed, as before)."""
-    config = getattr(obj, "vllm_config", None)
-    server = str(getattr(config, "instance_id", "") or "")
-    parallel = getattr(config, "parallel_config", None)
+    """The engine instance ``obj`` belongs to: the server's (``SIDECAR_INSTANCE``, which the plugin
+    sets in the server's first process and its engine processes inherit; vLLM's own
+    ``VllmConfig.instance_id`` differs between the processes of one server), and under data
+    parallelism the engine core's rank, since each data-parallel engine core counts its own steps."""
+    server = os.environ.get(config.ENV_INSTANCE, "")
+    parallel = getattr(getattr(obj, "vllm_config", None), "parallel_config", None)
     if server and role != ROLE_API_SERVER and (getattr(parallel, "data_parallel_size", 1) or 1) > 1:
         return f"{server}/dp{getattr(parallel, 'data_parallel_rank', 0)}"
     return server

@@ -7,7 +7,9 @@ steps, so one ``begin`` with a start step ahead of all the counts makes every pr
 steps, and each gets a start step ahead of its own counts. The lead covers the time ``begin`` takes to reach the probes: 2 steps plus
 ``BEGIN_LEAD_S`` at the fastest observed step rate, or the slowest probe's round trip for ``arm``
 where that was longer (a loaded host, a busy event loop: ``begin`` travels the same way). ``delay`` (working steps to skip) is added here
-and nowhere else: the probes are told only where to start.
+and nowhere else: the probes are told only where to start. A count is projected to the moment
+``begin`` leaves: a process that answered at once has stepped on while the sidecar waited for a
+slower one (up to ``ARM_REPLY_S``).
 
 A capture bound to a request (captures.py) has no lead and no delay: the request waits for every
 "armed" and then runs at once, so its first step may be any step after the counts the probes
@@ -46,6 +48,15 @@ def lead_steps(fastest_rate: float | None, arm_round_trip_s: float | None = None
     if fastest_rate is None:
         return MIN_LEAD_STEPS
     return MIN_LEAD_STEPS + math.ceil(max(fastest_rate, 0.0) * lead_seconds(arm_round_trip_s))
+
+
+def projected(steps_seen: int, fastest_rate: float | None, waited_s: float) -> int:
+    """A process's count when ``begin`` leaves: its ``armed`` count plus the steps it may have taken
+    while the sidecar waited for the others' replies, at the fastest rate (whole steps: the lead's
+    2 steps cover the fraction)."""
+    if not fastest_rate or waited_s <= 0:
+        return steps_seen
+    return steps_seen + int(fastest_rate * waited_s)
 
 
 def start_step(steps_seen: Iterable[int], fastest_rate: float | None, delay: int,

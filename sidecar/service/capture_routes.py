@@ -43,6 +43,7 @@ def capture_json(capture: Capture) -> dict[str, Any]:
             "profile_memory": r.profile_memory, "with_flops": r.with_flops,
             "timeout_s": r.timeout_s,
             "processes": [f"{s.role}:{s.rank}" if s.rank is not None else s.role for s in r.processes] or "all",
+            "instance": r.instance,
         },
     }
 

@@ -142,7 +142,10 @@ class JobManager(Generic[J]):
         conns = self._registry.all()
         if not conns:
             raise NoProbes("no engine process is connected to the sidecar")
-        chosen = [c for c in conns if request.selects(c.identity.role, c.identity.rank)]
+        chosen = [c for c in conns if request.selects(c.identity.role, c.identity.rank, c.identity.instance)]
+        if request.instance is not None and not chosen:
+            have = ", ".join(sorted({c.identity.instance or '""' for c in conns}))
+            raise ParamError("instance", f"no connected process belongs to {request.instance!r} (instances: {have})")
         if not any(c.identity.step_driven for c in chosen):
             have = ", ".join(c.identity.label for c in conns)
             raise ParamError("processes", f"selects no engine core or worker among the connected processes ({have})")
@@ -208,7 +211,9 @@ class JobManager(Generic[J]):
         (arming.py); a kind may start its jobs otherwise."""
         fastest = arming.fastest_rate(p.conn.step_rate for p in replied)
         slowest_reply = max((p.arm_round_trip_s or 0.0 for p in replied), default=None)
-        return arming.start_step((p.steps_seen for p in replied), fastest, job.request.delay, slowest_reply)
+        since_arm = time.monotonic() - job.armed_at
+        counts = [arming.projected(p.steps_seen, fastest, since_arm - (p.arm_round_trip_s or 0.0)) for p in replied]
+        return arming.start_step(counts, fastest, job.request.delay, slowest_reply)
 
     # -- probe events ------------------------------------------------------------------------------
     async def on_report(self, conn: ProbeConnection, report: JobReport) -> None:

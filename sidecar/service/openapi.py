@@ -21,7 +21,7 @@ from .diff_routes import DIFF_FORMATS
 from .jobs import CAPTURE, SCAN
 from .keys import SETTINGS
 from .metrics_receiver import DECODED_ENCODINGS, MAX_BODY_BYTES, PROTOBUF, SCRAPE_PATH
-from .params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFAULT_STACKS_HZ, KNOWN, MAX_STACKS_HZ,
+from .params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFAULT_STACKS_HZ, KNOWN, MAX_INSTANCE, MAX_STACKS_HZ,
                      MIN_STACK_HZ, RECORDER_FORMATS, SCAN_KNOWN, STACK_MODES, STACKS_FORMATS, STACKS_MODES,
                      STACKS_THREADS, known_roles)
 from ..protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
@@ -59,6 +59,9 @@ def _start_parameters(max_steps: int) -> dict[str, dict[str, Any]]:
                                  "minItems": 1},
                       "list": True, "description": "roles to include, optionally role:rank (comma-separated); "
                                                    "default: all"},
+        "instance": {"schema": {"type": "string", "minLength": 1, "maxLength": MAX_INSTANCE},
+                     "description": "only the processes of this engine instance (as /processes lists it; "
+                                    "its data-parallel engine cores too); default: all"},
         "timeout_s": {"schema": {"type": "number", "exclusiveMinimum": 0, "maximum": config.MAX_CAPTURE_TIMEOUT_S,
                                  "default": config.DEFAULT_CAPTURE_TIMEOUT_S},
                       "description": "give up waiting for steps after this many seconds"},

@@ -18,9 +18,10 @@ ACTIVITIES = ("cpu", "cuda")
 BOOLEAN_OPTIONS = ("record_shapes", "profile_memory", "with_flops")
 STACK_MODES = ("none", "sampled", "traced")
 MIN_STACK_HZ = 1.0
-KNOWN = {"steps", "activities", "delay", "processes", "timeout_s", "with_stack", "stacks", "stack_hz",
+KNOWN = {"steps", "activities", "delay", "processes", "instance", "timeout_s", "with_stack", "stacks", "stack_hz",
          *BOOLEAN_OPTIONS}
-SCAN_KNOWN = {"steps", "delay", "processes", "timeout_s", "baseline"}
+SCAN_KNOWN = {"steps", "delay", "processes", "instance", "timeout_s", "baseline"}
+MAX_INSTANCE = 128
 
 # A number in a parameter is ASCII digits, nothing else: int() and float() also take other scripts'
 # digits ("\u0665", Arabic-Indic five) and "_" separators ("1_0"), and float() takes "inf" and "nan".
@@ -58,8 +59,13 @@ class JobRequest:
     delay: int = 0
     processes: tuple[ProcessSelector, ...] = ()  # empty: every process
     timeout_s: float = config.DEFAULT_CAPTURE_TIMEOUT_S
+    # ``instance=``: the processes of one engine instance (its own, or "<it>/dp<k>": a server's
+    # data-parallel engine cores); None: every instance.
+    instance: str | None = None
 
-    def selects(self, role: str, rank: int | None) -> bool:
+    def selects(self, role: str, rank: int | None, instance: str = "") -> bool:
+        if self.instance is not None and instance != self.instance and not instance.startswith(self.instance + "/"):
+            return False
         return not self.processes or any(s.matches(role, rank) for s in self.processes)
 
 
@@ -208,6 +214,15 @@ def _timeout(raw: str | None) -> float:
     return value
 
 
+def _instance(raw: str | None) -> str | None:
+    """An engine instance as ``/processes`` names it; whether one is connected is the start's check."""
+    if raw is None:
+        return None
+    if not raw or len(raw) > MAX_INSTANCE or not raw.isprintable():
+        raise ParamError("instance", f"must be an engine instance as /processes lists it, got {raw[:MAX_INSTANCE]!r}")
+    return raw
+
+
 def _reject_unknown(params: Mapping[str, str], known: set[str]) -> None:
     unknown = sorted(set(params) - known)
     if unknown:
@@ -223,6 +238,7 @@ def parse_capture_request(params: Mapping[str, str], max_steps: int,
         delay=_int(params, "delay", 0, max_steps, default=0),
         activities=_activities(params.get("activities")),
         processes=_processes(params.get("processes"), known_roles(connected_roles)),
+        instance=_instance(params.get("instance")),
         timeout_s=_timeout(params.get("timeout_s")),
         **{name: _bool(params, name) for name in BOOLEAN_OPTIONS},
         **dict(zip(("stacks", "stack_hz"), _stacks(params))),
@@ -239,6 +255,7 @@ def parse_scan_request(params: Mapping[str, str], max_steps: int,
         steps=_int(params, "steps", 1, max_steps),
         delay=_int(params, "delay", 0, max_steps, default=0),
         processes=_processes(params.get("processes"), known_roles(connected_roles)),
+        instance=_instance(params.get("instance")),
         timeout_s=_timeout(params.get("timeout_s")),
         baseline=baseline,
     )

@@ -156,6 +156,12 @@ def test_a_slow_arm_reply_lengthens_the_lead(round_trip_s, expected):
     assert arming.start_step([10, 12], 20.0, 0, round_trip_s) == expected
 
 
+def test_a_count_is_projected_to_when_begin_leaves():
+    # Answered 2 s before the slowest reply let the sidecar begin, at 100 steps/s: 200 steps on.
+    assert arming.projected(1000, 100.0, 2.0) == 1200
+    assert arming.projected(1000, None, 2.0) == 1000 and arming.projected(1000, 100.0, -0.1) == 1000
+
+
 def test_the_fastest_rate_ignores_processes_with_no_rate_yet():
     assert arming.fastest_rate([None, 3.0, 250.0, None]) == 250.0
     assert arming.fastest_rate([None, None]) is None
