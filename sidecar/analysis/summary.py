@@ -82,9 +82,17 @@ def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
         "collectives": collectives.to_json(comm, top_n),
         "cpu": cpu.to_json(ops, top_n),
         "syncs": syncs.summarize(found_syncs),
+        # torch.profiler's own synchronize at stop, left out of "syncs": how long stopping waited
+        # for the GPU work queued before it (null: none found).
+        "profiler_stop_sync_us": _profiler_stop_us(view),
         "steps": steps.to_json(view, step_list, window[0]),
     }
     return ProcessResult(view.label, gpu, comm, ops, launch_stats, found_syncs, gap_part, window, body)
+
+
+def _profiler_stop_us(view: ProcessView) -> float | None:
+    found = syncs.profiler_stop_syncs(view)
+    return kernels.us(sum(dur for _, _, dur in found)) if found else None
 
 
 def analyze_path(path: str | os.PathLike, top_n: int = 10, *, all_names: bool = False) -> dict:

@@ -9,6 +9,12 @@ Three kinds:
 * ``pageable_copy``: cudaMemcpyAsync / hipMemcpyAsync whose GPU side is a DtoH copy into pageable
   memory. It looks asynchronous but the host waits for it (the trap behind vLLM #53491).
 
+Left out: torch.profiler's own synchronize when it stops (``torch.autograd.profiler.profile.__exit__``
+synchronizes the device before it disables the profiler): a device-wide synchronize at top level (no
+enclosing op, no Python frame), the last runtime call of its thread. Every capture ends with one,
+and it can last long (158 ms in a shared trace, waiting for the GPU work queued before the stop);
+reported as user code it sent readers to a line they never wrote. ``profiler_stop_syncs`` finds it.
+
 Each finding carries the op it ran inside (the innermost enclosing cpu_op / user_annotation /
 python_function on the same thread, found by time nesting), the ProfilerStep it fell in, whether a
 DtoH copy came just before it on its thread (the ``.item()`` / ``.cpu()`` / ``.tolist()`` pattern),
@@ -63,6 +69,8 @@ BLOCKING_COPY_CALLS = frozenset(
         "hipMemcpyDtoD",
     }
 )
+# Device-wide synchronizes: what torch.profiler calls (torch.cuda.synchronize) when it stops.
+DEVICE_SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaThreadSynchronize", "cuCtxSynchronize", "hipDeviceSynchronize"})
 # Calls that queue a copy; any of them can be the DtoH half of a copy-then-sync pair.
 COPY_CALLS = frozenset({"cudaMemcpyAsync", "cudaMemcpy2DAsync", "cuMemcpyAsync", "cuMemcpyDtoHAsync", "hipMemcpyAsync", "hipMemcpyDtoHAsync"}) | BLOCKING_COPY_CALLS
 
@@ -107,6 +115,7 @@ def find_syncs(view: ProcessView) -> list[SyncFinding]:
             if nid not in per_name:
                 per_name[nid] = (call_kind(names[nid]), api_base_name(names[nid]) in COPY_CALLS)
         wanted = [nid for nid, (kind, is_copy) in per_name.items() if kind is not None or is_copy]
+        last_call = int(calls[-1]) if len(calls) else -1  # the thread's last runtime call
         calls = calls[isin(ids, wanted)]
         last_copy_was_dtoh = False
         for i, nid, start, dur, corr in zip(calls.tolist(), thread.name[calls].tolist(), thread.ts[calls].tolist(), thread.dur[calls].tolist(), thread.corr[calls].tolist()):
@@ -120,6 +129,8 @@ def find_syncs(view: ProcessView) -> list[SyncFinding]:
                     last_copy_was_dtoh = dtoh
                 continue
             site, python, stack = view.enclosing(tid, i)
+            if i == last_call and _is_profiler_stop(names[nid], site, python):
+                continue  # torch.profiler's own synchronize at stop (module docstring)
             findings.append(
                 SyncFinding(
                     name=names[nid],
@@ -139,6 +150,26 @@ def find_syncs(view: ProcessView) -> list[SyncFinding]:
             last_copy_was_dtoh = kind == "pageable_copy"
     findings.sort(key=lambda f: f.ts)
     return findings
+
+
+def _is_profiler_stop(name: str, site: str, python: str) -> bool:
+    return not site and not python and api_base_name(name) in DEVICE_SYNC_CALLS
+
+
+def profiler_stop_syncs(view: ProcessView) -> list[tuple[object, float, float]]:
+    """torch.profiler's own synchronize at stop, per thread that has one: (tid, ts, dur). What
+    ``find_syncs`` leaves out, for the summary to say how long the stop waited for the GPU."""
+    names = view.data.names
+    out = []
+    for tid, thread in view.threads.items():
+        calls = view.runtime_calls(tid)
+        if not len(calls):
+            continue
+        last = int(calls[-1])
+        site, python, _ = view.enclosing(tid, last)
+        if _is_profiler_stop(names[thread.name[last]], site, python):
+            out.append((tid, float(thread.ts[last]), float(thread.dur[last])))
+    return out
 
 
 def find_process_syncs(view: ProcessView) -> list[SyncFinding]:

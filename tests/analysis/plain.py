@@ -56,14 +56,45 @@ def stream_busy(trace: dict) -> dict[tuple[int, int], float]:
     return out
 
 
-def host_calls(trace: dict, names: set[str]) -> dict[str, list]:
-    """Runtime calls by name -> [count, total duration]."""
+def host_calls(trace: dict, names: set[str], leave_out: list | None = None) -> dict[str, list]:
+    """Runtime calls by name -> [count, total duration], but for the events in ``leave_out``."""
     out: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    skip = {id(e) for e in leave_out or ()}
     for e in trace["traceEvents"]:
+        if id(e) in skip:
+            continue
         if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("name") in names:
             out[e["name"]][0] += 1
             out[e["name"]][1] += e["dur"]
     return dict(out)
+
+
+DEVICE_SYNC_NAMES = {"cudaDeviceSynchronize", "hipDeviceSynchronize", "cuCtxSynchronize", "cudaThreadSynchronize"}
+
+
+def profiler_stop_syncs(trace: dict) -> list[dict]:
+    """torch.profiler's own synchronize at stop, the plain way: per (pid, tid), the last runtime or
+    driver call (by start time) when it is a device-wide synchronize that no host op, annotation
+    other than a ProfilerStep, or Python frame of that thread encloses."""
+    host = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in HOST_CATEGORIES]
+    last: dict[tuple, dict] = {}
+    for e in host:
+        if e["cat"] in ("cuda_runtime", "cuda_driver"):
+            key = (e.get("pid"), e.get("tid"))
+            if key not in last or e["ts"] >= last[key]["ts"]:
+                last[key] = e
+    out = []
+    for (pid, tid), call in last.items():
+        if call["name"] not in DEVICE_SYNC_NAMES:
+            continue
+        enclosed = any(e.get("pid") == pid and e.get("tid") == tid and e is not call
+                       and e["cat"] in ("cpu_op", "user_annotation", "python_function")
+                       and not str(e.get("name", "")).startswith("ProfilerStep#")
+                       and e["ts"] <= call["ts"] and call["ts"] + call["dur"] <= e["ts"] + e["dur"]
+                       for e in host)
+        if not enclosed:
+            out.append(call)
+    return out
 
 
 def pageable_dtoh_copies(trace: dict) -> int:

@@ -71,7 +71,8 @@ def test_busy_is_at_most_kernel_time_and_span(name, summary_of):
 @pytest.mark.parametrize("name", TRACE_NAMES)
 def test_synchronize_counts(name, summary_of, plain_of):
     trace = plain_of(name)
-    expected = plain.host_calls(trace, plain.SYNC_NAMES | plain.BLOCKING_COPY_NAMES)
+    # torch.profiler's own synchronize at stop is not a finding (sidecar/analysis/syncs.py)
+    expected = plain.host_calls(trace, plain.SYNC_NAMES | plain.BLOCKING_COPY_NAMES, plain.profiler_stop_syncs(trace))
     syncs = {s["name"]: s for s in summary_of(name)["syncs"] if s["kind"] in ("sync", "blocking_copy")}
     assert set(syncs) == set(expected)
     for sname, (count, total) in expected.items():
@@ -88,7 +89,9 @@ def test_some_traces_have_syncs_and_pageable_copies(summary_of):
     queue = {s["name"]: s["count"] for s in summary_of("a100-train-queue-rank0.json.gz")["syncs"]}
     assert queue["cudaStreamSynchronize"] == 75
     rocm = {s["name"]: s["kind"] for s in summary_of("mi250-rocm-toy.json.gz")["syncs"]}
-    assert rocm == {"hipDeviceSynchronize": "sync", "hipMemcpyWithStream": "blocking_copy"}
+    # Its one hipDeviceSynchronize is torch.profiler's own at stop: not a finding.
+    assert rocm == {"hipMemcpyWithStream": "blocking_copy"}
+    assert summary_of("mi250-rocm-toy.json.gz")["processes"][0]["profiler_stop_sync_us"] > 0
 
 
 @pytest.mark.parametrize("name", TRACE_NAMES)

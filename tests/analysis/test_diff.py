@@ -203,7 +203,8 @@ def test_two_recorded_traces_name_the_expected_top_changes():
     # The queue trace blocks on cudaMemcpyAsync for 152 ms a step (12.6 ms in the other): the largest sync
     # change, and the sync-caused idle gaps the largest gap change.
     assert diff["syncs"][0]["name"] == "cudaMemcpyAsync" and diff["syncs"][0]["delta_us"] == pytest.approx(139068.7)
-    assert diff["gaps"][0]["name"] == "sync" and diff["gaps"][0]["delta_us"] > 100_000
+    # (93 ms: torch.profiler's own synchronize at stop, 158 ms in the queue trace, is not a sync)
+    assert diff["gaps"][0]["name"] == "sync" and diff["gaps"][0]["delta_us"] > 90_000
     # Its NCCL send/recv kernel has another signature: new in B, the largest kernel change.
     top = diff["kernels"][0]
     assert top["name"].startswith("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*")
