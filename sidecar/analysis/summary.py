@@ -125,11 +125,13 @@ def analyze_path(path: str | os.PathLike, top_n: int = 10, *, all_names: bool = 
             warnings.append(f"{file.name}: {data.ignored_count} events without a usable 'X' timestamp ignored")
         results.extend(analyze_process(view, top_n) for view in views)
         del data, views
-    return _summary(path, files, results, warnings, top_n, all_names)
+    return summarize_results(path, files, results, warnings, top_n, all_names)
 
 
-def _summary(path, files: list[dict], results: list[ProcessResult], warnings: list[str], top_n: int,
-             all_names: bool = False) -> dict:
+def summarize_results(path, files: list[dict], results: list[ProcessResult], warnings: list[str], top_n: int,
+                      all_names: bool = False) -> dict:
+    """The summary of processes analysed one by one (``analyze_process``): what ``analyze_path`` returns,
+    and what the sidecar builds from a merged trace read one process at a time (service/merge.py)."""
     gpu = kernels.merge((r.gpu for r in results), (r.view_label for r in results))
     comm = collectives.CollectiveStats()
     ops = cpu.CpuStats()
