@@ -103,6 +103,24 @@ def test_merge_aligns_clocks_and_separates_devices(tmp_path):
     assert sorted(finishes.values()) == sorted(starts[p] for p in (101, 102))
 
 
+def test_processes_of_two_hosts_with_one_pid_keep_a_track_each(tmp_path):
+    """Two workers in two containers, both pid 7: each keeps its own track and name, and the
+    summary one entry each."""
+    a = write_raw(tmp_path, Rec("worker", 7, 0, "worker rank 0 (pid 7)", "worker-rank0-pid7"), kineto(7, 5_000_000_000, device_pid=0))
+    b = write_raw(tmp_path, Rec("worker", 7, 1, "worker rank 1 (pid 7)", "worker-rank1-pid7"), kineto(7, 5_000_001_000, device_pid=0))
+    result = finalize_capture(tmp_path, [a, b], max_bytes=1 << 30)
+    assert result.trace_file and not result.problems
+    merged = json.load(gzip.open(tmp_path / "trace.json.gz"))
+    names = {e["pid"]: e["args"]["name"] for e in merged["traceEvents"] if e.get("ph") == "M" and e["name"] == "process_name"}
+    hosts = {pid: name for pid, name in names.items() if "device" not in name}
+    assert sorted(hosts.values()) == ["worker rank 0 (pid 7)", "worker rank 1 (pid 7)"] and len(hosts) == 2
+    steps = [e["pid"] for e in merged["traceEvents"] if e.get("name") == "ProfilerStep#0"]
+    assert sorted(steps) == sorted(hosts), "each process's step on its own track"
+    assert [p["pid"] for p in merged["inference_sidecar"]["processes"]] == sorted(hosts)
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert sorted(p["label"] for p in summary["processes"] if p["label"].startswith("worker")) == sorted(hosts.values())
+
+
 def test_size_limit_drops_files_and_says_so(tmp_path):
     w0 = write_raw(tmp_path, Rec("worker", 101, 0, "worker rank 0 (pid 101)", "worker-rank0-pid101"), kineto(101, 1))
     core = write_raw(tmp_path, Rec("engine_core", 100, None, "engine core (pid 100)", "engine_core-pid100"), kineto(100, 1))

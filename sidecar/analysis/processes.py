@@ -11,6 +11,8 @@ The join itself is a sorted search over numpy columns (ownership.py); the view i
 
 from __future__ import annotations
 
+import re
+
 from collections import defaultdict
 from typing import Optional
 
@@ -44,12 +46,17 @@ def _file_rank(data: TraceData) -> Optional[int]:
     return None
 
 
+PID_IN_LABEL = re.compile(r"\(pid [0-9]+\)$")
+
+
 def _label(data: TraceData, pid: Pid, file_rank: Optional[int]) -> tuple[str, Optional[int]]:
     name = data.process_names.get(pid)
     if name is None:
         label = f"pid {pid}"
-    elif str(pid) in name:
-        label = name  # the sidecar's merged traces already say "worker rank 0 (pid 1234)"
+    elif str(pid) in name or PID_IN_LABEL.search(name):
+        # The sidecar's merged traces already say "worker rank 0 (pid 1234)" (under a track pid of
+        # its own where two hosts' processes share a pid).
+        label = name
     else:
         label = f"{name} (pid {pid})"
     match = RANK_IN_LABEL.search(label)

@@ -54,6 +54,9 @@ MERGED_NAME = "trace.json.gz"
 SUMMARY_NAME = "summary.json"
 PROCESS_TRACE_SUFFIX = ".pt.trace.json.gz"  # the suffix TensorBoard's profiler plugin looks for
 DEVICE_PID_BASE = 1 << 24  # above Linux's largest pid (2**22)
+# A process whose pid an earlier process of the merge already has (two hosts, two containers) gets
+# a track pid of its own, between Linux's largest pid and the device tracks'.
+SHARED_PID_BASE = 1 << 23
 FLOW_ID_STRIDE = 1 << 40
 # Top-level members of a raw trace that the merged header takes.
 _HEADER_MEMBERS = frozenset({"baseTimeNanoseconds", "deviceProperties"})
@@ -314,14 +317,15 @@ def write_merged(path: Path, traces: list[RawTrace]) -> None:
 def _write_merged(tmp: Path, traces: list[RawTrace], ref: int) -> None:
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as out:
         devices = next((t.members.get("deviceProperties") for t in traces if t.members.get("deviceProperties")), [])
+        tracks = track_pids(traces)
         header = {
             "schemaVersion": 1,
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": ref,
             "deviceProperties": devices,
             "inference_sidecar": {
-                "processes": [{"label": t.rec.label, "role": t.rec.role, "pid": t.rec.pid, "rank": t.rec.rank}
-                              for t in traces]
+                "processes": [{"label": t.rec.label, "role": t.rec.role, "pid": pid, "rank": t.rec.rank}
+                              for t, pid in zip(traces, tracks)]
             },
         }
         out.write(json.dumps(header)[:-1] + ', "traceEvents": [\n')
@@ -329,12 +333,25 @@ def _write_merged(tmp: Path, traces: list[RawTrace], ref: int) -> None:
         for index, trace in enumerate(traces):
             batches = chain(_batched(trace.sampled_events()),
                             read_events(str(trace.path), TopLevel(), Any, keep=frozenset()))
-            for event in _process_events(index, trace.rec, batches, (trace.aligned_base_ns - ref) / 1000.0):
+            for event in _process_events(index, trace.rec, batches, (trace.aligned_base_ns - ref) / 1000.0,
+                                         tracks[index]):
                 if not first:
                     out.write(",\n")
                 out.write(json.dumps(event, separators=(",", ":")))
                 first = False
         out.write("\n]}\n")
+
+
+def track_pids(traces: list[RawTrace]) -> list[int]:
+    """Each process's pid in the merged trace: its own, unless an earlier process has the same one
+    (processes of two hosts): then ``SHARED_PID_BASE + index``, so each keeps a track and a name."""
+    seen: set = set()
+    out = []
+    for index, trace in enumerate(traces):
+        pid = trace.rec.pid if trace.rec.pid not in seen else SHARED_PID_BASE + index
+        seen.add(trace.rec.pid)
+        out.append(pid)
+    return out
 
 
 def _batched(events: Iterator[dict], size: int = 2048) -> Iterator[list[dict]]:
@@ -349,12 +366,14 @@ def sort_index(rec: Any) -> int:
     return (group * 1000 + (rec.rank or 0)) * 10
 
 
-def _process_events(index: int, rec: Any, batches: Iterable[list], shift_us: float) -> Iterator[dict]:
+def _process_events(index: int, rec: Any, batches: Iterable[list], shift_us: float,
+                    track_pid: Any = None) -> Iterator[dict]:
     device_pids: dict[Any, int] = {}
+    track_pid = rec.pid if track_pid is None else track_pid
 
     def pid_for(pid: Any) -> Any:
         if pid == rec.pid:
-            return pid
+            return track_pid
         if pid not in device_pids:
             device_pids[pid] = DEVICE_PID_BASE + index * 256 + len(device_pids)
         return device_pids[pid]
@@ -373,8 +392,8 @@ def _process_events(index: int, rec: Any, batches: Iterable[list], shift_us: flo
                 ev["id"] = ev["id"] + (index + 1) * FLOW_ID_STRIDE
             yield ev
     sort_base = sort_index(rec)
-    yield _meta("process_name", rec.pid, {"name": rec.label})
-    yield _meta("process_sort_index", rec.pid, {"sort_index": sort_base})
+    yield _meta("process_name", track_pid, {"name": rec.label})
+    yield _meta("process_sort_index", track_pid, {"sort_index": sort_base})
     for n, (orig, pid) in enumerate(device_pids.items()):
         # Integer pids are devices (GPU index); Kineto's own tracks ("Spans", ...) keep their name.
         track = f"device {orig}" if isinstance(orig, int) else (str(orig) or "profiler")
