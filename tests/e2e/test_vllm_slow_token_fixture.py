@@ -77,7 +77,9 @@ def test_a_prompt_with_the_slow_token_takes_one_slow_step(slow_stack):
     slow, out = complete(slow_stack, prompt_ids(SLOW_TOKEN_ID, salt=4))
     assert out["choices"][0]["prompt_token_ids"][-1] == SLOW_TOKEN_ID
     print(f"normal {normal:.3f} s, with SLOW_TOKEN_ID {slow:.3f} s")
-    assert slow - normal >= SLOW_SECONDS
+    # The sleep is inside the slow request; its other steps may be a few ms quicker than the normal
+    # requests' were (seen in CI: 1.4975 s more, not 1.5): the jitter allowance.
+    assert slow >= SLOW_SECONDS and slow - normal >= SLOW_SECONDS - GAP_JITTER_S
     assert slow < 2 * SLOW_SECONDS, "only the prompt's forward sleeps, not each of the 8 decode steps"
 
 
