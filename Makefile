@@ -17,7 +17,8 @@ demo: install model
 
 test: install
 	@bash scripts/install-test-backends.sh
-	$(PY) -m pytest -q -ra -m "not sglang and not multi_server"
+	@bash scripts/install-browser.sh
+	$(PY) -m pytest -q -ra --durations=25 -m "not sglang and not multi_server"
 
 # Two real vLLM servers sharing one sidecar: engine instances (issue 14; two server starts, about 3 minutes).
 test-multi-server: install
