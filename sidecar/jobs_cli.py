@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--record-shapes", action="store_true", help="record each op's input shapes")
     p.add_argument("--profile-memory", action="store_true", help="record tensor allocations and frees")
     p.add_argument("--with-flops", action="store_true", help="estimate the FLOPs of matrix products and convolutions")
+    p.add_argument("--with-modules", action="store_true",
+                   help="record torch's module hierarchy where the model runs (with its traced stacks): "
+                        "the summary's time per module")
     p.add_argument("--timeout", type=float, default=None,
                    help=f"give up on the capture after this many seconds (the sidecar's timeout_s; default "
                         f"{config.DEFAULT_CAPTURE_TIMEOUT_S:g})")
@@ -154,7 +157,7 @@ def _capture(args: argparse.Namespace) -> int:
             args.steps, delay=args.delay, activities=args.activities, processes=args.processes,
             instance=args.instance, with_stack=args.with_stack or None, stacks=args.stacks, stack_hz=args.stack_hz,
             record_shapes=args.record_shapes or None, profile_memory=args.profile_memory or None,
-            with_flops=args.with_flops or None, timeout_s=args.timeout,
+            with_flops=args.with_flops or None, with_modules=args.with_modules or None, timeout_s=args.timeout,
         )
         progress = Progress()
         try:

@@ -205,6 +205,10 @@ class CaptureSpec(msgspec.Struct, frozen=True, kw_only=True):
     stack_hz: StackHz = DEFAULT_STACK_HZ
     profile_memory: bool = False
     with_flops: bool = False
+    # torch.profiler's module hierarchy: ``nn.Module: <Class>_<n>`` ranges around every module's
+    # forward. torch writes them only with its Python tracer, so a process that honours it records
+    # traced stacks too (sidecar/probe/recorder.py, ``module_mode``).
+    with_modules: bool = False
     # The request this capture is bound to (a request-scoped capture); None: any other capture.
     request_id: RequestId | None = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .module_report import format_modules
 from .summary import unique_short_names
 
 
@@ -24,6 +25,9 @@ def format_report(summary: dict, steps_shown: int = 20) -> str:
         add("== All processes")
         _gpu(summary["gpu"], add)
         _syncs(summary["syncs"], add)
+    if "modules" in summary:
+        add("")
+        lines.extend(format_modules(summary["modules"], _t))
     return "\n".join(lines) + "\n"
 
 

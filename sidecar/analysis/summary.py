@@ -13,6 +13,7 @@ import msgspec
 from pathlib import Path
 
 from . import collectives, cpu, gaps, kernels, launches, steps, syncs
+from . import modules
 from .collect import Collector, TraceData
 from .errors import TraceFormatError
 from .processes import split_processes
@@ -33,6 +34,7 @@ class ProcessResult(msgspec.Struct):
     gaps: gaps.GapPart
     window: tuple[float, float]
     json: dict
+    module_stats: modules.ModuleStats | None = None  # time per nn.Module (modules.py)
 
 
 def trace_files(path: str | os.PathLike) -> list[Path]:
@@ -69,6 +71,7 @@ def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
     launch_stats = launches.launch_stats(launch_calls[1])
     step_list = steps.step_stats(view, launch_calls, found_syncs, found_gaps)
     gap_part = gaps.part(view, found_gaps, window[0], top_n)
+    module_part = modules.module_stats(view)
     body = {
         "label": view.label,
         "pid": view.pid,
@@ -86,8 +89,10 @@ def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
         # for the GPU work queued before it (null: none found).
         "profiler_stop_sync_us": _profiler_stop_us(view),
         "steps": steps.to_json(view, step_list, window[0]),
+        "modules": modules.to_json(module_part, top_n),
     }
-    return ProcessResult(view.label, gpu, comm, ops, launch_stats, found_syncs, gap_part, window, body)
+    return ProcessResult(view.label, gpu, comm, ops, launch_stats, found_syncs, gap_part, window, body,
+                         module_stats=module_part)
 
 
 def _profiler_stop_us(view: ProcessView) -> float | None:
@@ -141,6 +146,10 @@ def summarize_results(path, files: list[dict], results: list[ProcessResult], war
         ops.merge(r.cpu)
         launch_stats.merge(r.launches)
     all_syncs = [f for r in results for f in r.syncs]
+    module_total = modules.ModuleStats()
+    for r in results:
+        if r.module_stats is not None:
+            module_total.merge(r.module_stats)
     step_rows = [row for r in results for row in r.json["steps"]]
     if not step_rows:
         warnings.append("no ProfilerStep#n ranges: no per-step figures")
@@ -159,6 +168,7 @@ def summarize_results(path, files: list[dict], results: list[ProcessResult], war
         "syncs": syncs.summarize(all_syncs),
         "steps": step_rows,
         "processes": [r.json for r in results],
+        "modules": modules.to_json(module_total, top_n),
         "warnings": warnings,
     }
     summary["headline"] = headline(summary)  # from the top_n lists: the same line as `sidecar analyze`'s

@@ -26,7 +26,9 @@ built at ``arm`` on the link thread. It starts right after the profiler and stop
 so its samples cover exactly the recorded steps; on the step thread each costs a flag and a clock
 read. After the trace, the export thread dumps the raw samples beside it
 (``<stem>.stacks.msgpack``, sidecar/stack_samples.py: buffer copies and one msgpack encoding) and
-reports that file; the sidecar builds the slices and the summary from it, outside this process. The
+reports that file; the sidecar builds the slices and the summary from it, outside this process.
+``spec.with_modules``: torch.profiler's module hierarchy, recorded only where the tracer is allowed
+(``module_mode``), which it needs. The
 samples file gets the trace's checks (the folder chosen at ``arm``, the byte limit, a full disk): a
 failure there loses the stacks, never the trace, and the report's ``stack_summary`` says why.
 "traced" is torch.profiler's own ``with_stack``, which the probe passes only in a role that allows
@@ -58,9 +60,21 @@ log = logging.getLogger(__name__)
 Report = Callable[[CaptureReport], None]
 
 
+def module_mode(spec: CaptureSpec, role: Role) -> bool:
+    """Whether this process records torch.profiler's module hierarchy for ``spec``. torch (2.13
+    measured) writes its ``nn.Module: <Class>_<n>`` ranges only from its Python tracer: with
+    ``with_modules`` alone the trace holds none. So only a role that can afford the tracer
+    (``Role.traced_stacks``: the one that runs the model) honours it; the others have no model."""
+    return spec.with_modules and role.traced_stacks
+
+
 def stack_mode(spec: CaptureSpec, role: Role) -> str:
     """The Python stacks this process records for ``spec``: "none", "sampled" or "traced" (only in
-    a role that allows torch.profiler's tracer; sampled in any other)."""
+    a role that allows torch.profiler's tracer; sampled in any other). Where the module hierarchy is
+    recorded the tracer runs anyway, so the stacks are "traced" (a sampler on top would only add
+    cost), and the report says so."""
+    if module_mode(spec, role):
+        return "traced"
     if spec.stacks == "none":
         return "none"
     return "traced" if spec.stacks == "traced" and role.traced_stacks else "sampled"
@@ -74,9 +88,10 @@ def make_sampler(spec: CaptureSpec, limits: ProbeLimits | None) -> StackSampler:
     return StackSampler(hz=spec.stack_hz, name=f"inference-sidecar-stacks-{spec.id}", **bounds)
 
 
-def make_profiler(spec: CaptureSpec, cuda_available: bool, with_stack: bool = False):
+def make_profiler(spec: CaptureSpec, cuda_available: bool, with_stack: bool = False, with_modules: bool = False):
     """A torch.profiler.profile that records every step it is given (start/step/stop by hand).
-    ``with_stack``: torch's tracer-based stacks (``stack_mode`` decides)."""
+    ``with_stack``: torch's tracer-based stacks (``stack_mode`` decides); ``with_modules``: the
+    module hierarchy (``module_mode`` decides; it needs ``with_stack``)."""
     import torch.profiler as tp
 
     wanted = spec.activities or (("cpu", "cuda") if cuda_available else ("cpu",))
@@ -90,6 +105,7 @@ def make_profiler(spec: CaptureSpec, cuda_available: bool, with_stack: bool = Fa
         with_stack=with_stack,
         profile_memory=spec.profile_memory,
         with_flops=spec.with_flops,
+        with_modules=with_modules,
     )
 
 
@@ -167,7 +183,10 @@ class StepCapture(StepWindow):
     def _start_recording(self) -> None:
         began = perf_counter_ns()
         self._recording_thread = threading.get_ident()
-        self._prof = make_profiler(self.spec, self._cuda, with_stack=self.stacks == "traced")
+        # Module ranges come from the tracer: asked for (spec) and affordable here (stacks "traced").
+        traced = self.stacks == "traced"
+        self._prof = make_profiler(self.spec, self._cuda, with_stack=traced,
+                                   with_modules=traced and self.spec.with_modules)
         self._prof.start()  # opens ProfilerStep#0
         sampler = self._sampler
         if sampler is not None:  # after the profiler: its samples fall inside the recorded steps

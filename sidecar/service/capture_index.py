@@ -93,6 +93,7 @@ def _request(data: dict[str, Any], options: dict[str, Any]) -> CaptureRequest:
         record_shapes=bool(options.get("record_shapes")), stacks=str(options.get("stacks") or "none"),
         stack_hz=float(options.get("stack_hz") or DEFAULT_STACK_HZ),
         profile_memory=bool(options.get("profile_memory")), with_flops=bool(options.get("with_flops")),
+        with_modules=bool(options.get("with_modules")),
         instance=options.get("instance") if isinstance(options.get("instance"), str) else None,
     )
 

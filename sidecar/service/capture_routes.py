@@ -40,7 +40,7 @@ def capture_json(capture: Capture) -> dict[str, Any]:
             "activities": list(r.activities) or "host default",
             "record_shapes": r.record_shapes, "with_stack": r.with_stack,
             "stacks": r.stacks, "stack_hz": r.stack_hz if r.with_stack else None,
-            "profile_memory": r.profile_memory, "with_flops": r.with_flops,
+            "profile_memory": r.profile_memory, "with_flops": r.with_flops, "with_modules": r.with_modules,
             "timeout_s": r.timeout_s,
             "processes": [f"{s.role}:{s.rank}" if s.rank is not None else s.role for s in r.processes] or "all",
             "instance": r.instance,

@@ -94,7 +94,7 @@ class Capture(Job):
         return CaptureSpec(
             id=self.id, steps=r.steps, activities=r.activities,
             record_shapes=r.record_shapes, stacks=r.stacks, stack_hz=r.stack_hz,
-            profile_memory=r.profile_memory, with_flops=r.with_flops,
+            profile_memory=r.profile_memory, with_flops=r.with_flops, with_modules=r.with_modules,
             request_id=self.bound_request["id"] if self.bound_request else None,
         )
 

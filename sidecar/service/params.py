@@ -15,7 +15,7 @@ from ..protocol import DEFAULT_STACK_HZ, MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS, 
 from .jobs import SCAN
 
 ACTIVITIES = ("cpu", "cuda")
-BOOLEAN_OPTIONS = ("record_shapes", "profile_memory", "with_flops")
+BOOLEAN_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_modules")
 STACK_MODES = ("none", "sampled", "traced")
 MIN_STACK_HZ = 1.0
 KNOWN = {"steps", "activities", "delay", "processes", "instance", "timeout_s", "with_stack", "stacks", "stack_hz",
@@ -77,6 +77,7 @@ class CaptureRequest(JobRequest):
     stack_hz: float = DEFAULT_STACK_HZ
     profile_memory: bool = False
     with_flops: bool = False
+    with_modules: bool = False  # torch.profiler's module hierarchy (recorded where the model runs)
 
     @property
     def with_stack(self) -> bool:
