@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .module_report import format_modules
+from .anatomy import format_anatomy
 from .summary import unique_short_names
 
 
@@ -16,6 +17,9 @@ def format_report(summary: dict, steps_shown: int = 20) -> str:
     add(f"Summary: {summary['headline']}")
     for warning in summary.get("warnings", []):
         add(f"  note: {warning}")
+    if summary.get("anatomy"):  # across processes: before each process's own figures
+        add("")
+        lines.extend(format_anatomy(summary["anatomy"], _t))
     for process in summary["processes"]:
         add("")
         add(f"== {process['label']} — {_t(process['window_us'])} captured")

@@ -43,7 +43,9 @@ try:  # ISA-L's gunzip: same API and errors as gzip, about twice as fast (measur
 except ImportError:  # optional: the standard library does the same job
     _gzip, _GzipError = gzip, zlib.error  # type: ignore[misc]
 # Top-level members the analyser keeps; others (deviceProperties, ...) are decoded and dropped.
-KEPT_MEMBERS = frozenset({"distributedInfo", "displayTimeUnit", "schemaVersion", "traceName", "baseTimeNanoseconds"})
+# ``inference_sidecar``: what a capture noted in its trace (its phase ranges: sidecar/phases.py).
+KEPT_MEMBERS = frozenset({"distributedInfo", "displayTimeUnit", "schemaVersion", "traceName", "baseTimeNanoseconds",
+                          "inference_sidecar"})
 
 
 class TopLevel(msgspec.Struct):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import collectives, cpu, gaps, kernels, launches, steps, syncs
 from . import modules
+from . import anatomy
 from .collect import Collector, TraceData
 from .errors import TraceFormatError
 from .processes import split_processes
@@ -35,6 +36,7 @@ class ProcessResult(msgspec.Struct):
     window: tuple[float, float]
     json: dict
     module_stats: modules.ModuleStats | None = None  # time per nn.Module (modules.py)
+    anatomy: anatomy.AnatomyPart | None = None  # the process's phase ranges (anatomy.py); None without
 
 
 def trace_files(path: str | os.PathLike) -> list[Path]:
@@ -60,6 +62,10 @@ def load(path: str | os.PathLike) -> TraceData:
 
 
 def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
+    return _with_anatomy(_analyze_process(view, top_n), view)
+
+
+def _analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
     window = view.window()
     gpu = kernels.gpu_stats(view, window)
     found_syncs = syncs.find_syncs(view)
@@ -93,6 +99,11 @@ def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
     }
     return ProcessResult(view.label, gpu, comm, ops, launch_stats, found_syncs, gap_part, window, body,
                          module_stats=module_part)
+
+
+def _with_anatomy(result: ProcessResult, view: ProcessView) -> ProcessResult:
+    result.anatomy = anatomy.process_part(view)
+    return result
 
 
 def _profiler_stop_us(view: ProcessView) -> float | None:
@@ -171,6 +182,7 @@ def summarize_results(path, files: list[dict], results: list[ProcessResult], war
         "modules": modules.to_json(module_total, top_n),
         "warnings": warnings,
     }
+    summary["anatomy"] = anatomy.summarize([r.anatomy for r in results if r.anatomy is not None])
     summary["headline"] = headline(summary)  # from the top_n lists: the same line as `sidecar analyze`'s
     if all_names:
         summary["gpu"]["top_kernels"] = kernels.top(gpu.kernels, len(gpu.kernels), gpu.kernel_time)
@@ -251,6 +263,9 @@ def headline(summary: dict) -> str:
         if cut:
             text += f" ({cut} cut off, left out)"
         parts.append(text)
+    largest = (summary.get("anatomy") or {}).get("largest")
+    if largest is not None:  # step anatomy: what a step spends most of its time on
+        parts.append(f"largest phase {largest['label']} ({_ms(largest['mean_us'])}/step, {largest['process']})")
     count = sum(s["count"] for s in summary["syncs"])
     blocked = sum(s["total_us"] for s in summary["syncs"])
     parts.append(f"{count:,} sync{'' if count == 1 else 's'} ({_ms(blocked)} blocked)" if count else "no syncs")

@@ -59,7 +59,8 @@ DEVICE_PID_BASE = 1 << 24  # above Linux's largest pid (2**22)
 SHARED_PID_BASE = 1 << 23
 FLOW_ID_STRIDE = 1 << 40
 # Top-level members of a raw trace that the merged header takes.
-_HEADER_MEMBERS = frozenset({"baseTimeNanoseconds", "deviceProperties"})
+# ``inference_sidecar``: what the probe noted in its trace (its phase ranges, sidecar/phases.py).
+_HEADER_MEMBERS = frozenset({"baseTimeNanoseconds", "deviceProperties", "inference_sidecar"})
 # Process metadata of a raw trace, dropped: the merge writes its own.
 _REWRITTEN_METADATA = ("process_name", "process_sort_index", "process_labels")
 
@@ -328,6 +329,9 @@ def _write_merged(tmp: Path, traces: list[RawTrace], ref: int) -> None:
                               for t, pid in zip(traces, tracks)]
             },
         }
+        table = phase_ranges(traces)
+        if table:  # the processes' phase ranges, for the analysis's step anatomy
+            header["inference_sidecar"]["phase_ranges"] = table
         out.write(json.dumps(header)[:-1] + ', "traceEvents": [\n')
         first = True
         for index, trace in enumerate(traces):
@@ -340,6 +344,17 @@ def _write_merged(tmp: Path, traces: list[RawTrace], ref: int) -> None:
                 out.write(json.dumps(event, separators=(",", ":")))
                 first = False
         out.write("\n]}\n")
+
+
+def phase_ranges(traces: list[RawTrace]) -> dict[str, str]:
+    """Every process's phase ranges (range name → phase) in one table: a name is one phase in an engine."""
+    table: dict[str, str] = {}
+    for trace in traces:
+        noted = trace.members.get("inference_sidecar")
+        ranges = noted.get("phase_ranges") if isinstance(noted, dict) else None
+        if isinstance(ranges, dict):
+            table.update((k, v) for k, v in ranges.items() if isinstance(k, str) and isinstance(v, str))
+    return table
 
 
 def track_pids(traces: list[RawTrace]) -> list[int]:
