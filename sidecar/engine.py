@@ -22,6 +22,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from .phases import PhaseRange
 from .protocol import ROLE_PATTERN, ProcessIdentity
 from .syncs.allowlist import AllowEntry, Allowlist, from_environment
 from .syncs.sites import PhaseRule, SiteLocator, default_skip_dirs
@@ -87,6 +88,9 @@ class EngineProfile:
     provider: str = ""
     # The engine's version string for the hello ("vllm 0.32.0"); called once per probe.
     version: Callable[[], str] = field(default=_no_version, compare=False)
+    # The ranges its processes record for their step phases while a capture records (the analysis's
+    # step anatomy maps range names to phases through these).
+    phase_ranges: tuple[PhaseRange, ...] = ()
 
     def __post_init__(self) -> None:
         names = [r.name for r in self.roles]
@@ -94,6 +98,14 @@ class EngineProfile:
             raise ValueError(f"engine profile {self.name!r}: duplicate role names {names}")
         if not any(r.step_driven for r in self.roles):
             raise ValueError(f"engine profile {self.name!r}: no step-driven role")
+        for phase_range in self.phase_ranges:
+            if phase_range.role not in names:
+                raise ValueError(f"engine profile {self.name!r}: phase range {phase_range.name!r} of unknown role {phase_range.role!r}")
+
+    def phase_table(self, role: str | None = None) -> dict[str, str]:
+        """Range name → phase of the ranges a process of ``role`` records (None: every role), as a
+        capture writes it into its trace (sidecar/phases.py)."""
+        return {r.name: r.phase for r in self.phase_ranges if role is None or r.role == role}
 
     def role(self, name: str) -> Role:
         for role in self.roles:

@@ -23,7 +23,9 @@ scheduler's running and waiting counts (two ``len()``). The engine core's probe 
 
 Each patch is independent (``sidecar.integration.patching``): one that fails is logged and the others
 still apply; the engine never fails to start because of this package. Probes and telemetry attach
-once per engine object (``sidecar.integration.attach``), as roles of ``VLLM_PROFILE``.
+once per engine object (``sidecar.integration.attach``), as roles of ``VLLM_PROFILE``, each with its
+switch of the step's phase ranges (phase_scopes.py): on only while a capture records, so nothing here
+changes for a step taken outside one.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from sidecar.integration import attach, patching
 from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR, TELEMETRY_ATTR  # noqa: F401 (bench, tests)
 
 from . import capture_end
+from .phase_scopes import api_server_scopes, engine_core_scopes, worker_scopes
 from .profile import ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER, VLLM_PROFILE
 from .request_capture import attach_request_captures
 from .requests_view import requests_in_flight
@@ -73,7 +76,8 @@ def _attach_telemetry(obj, role: str, rank: int | None, *, steps: bool):
 
 # -- engine core ----------------------------------------------------------------------------------
 def _attach_engine_core_probe(core):
-    return _attach_probe(core, ROLE_ENGINE_CORE, None, in_flight=lambda: requests_in_flight(core))
+    return _attach_probe(core, ROLE_ENGINE_CORE, None, in_flight=lambda: requests_in_flight(core),
+                         phase_scopes=engine_core_scopes(core))
 
 
 def _wrap_engine_init(original):
@@ -120,7 +124,7 @@ def _wrap_worker_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         rank = getattr(self, "rank", None)
-        _attach_probe(self, ROLE_WORKER, rank)
+        _attach_probe(self, ROLE_WORKER, rank, phase_scopes=worker_scopes())
         _attach_telemetry(self, ROLE_WORKER, rank, steps=True)
 
     return __init__
@@ -197,7 +201,8 @@ def _wrap_async_llm_init(original):
         # The API server's capture window ends in a capture span linked to the requests in flight.
         capture_spans = logger.captures if logger is not None else None
         on_report = capture_spans.on_report if capture_spans is not None else None
-        probe = _attach_probe(self, ROLE_API_SERVER, None, loop=loop, on_capture_report=on_report)
+        probe = _attach_probe(self, ROLE_API_SERVER, None, loop=loop, on_capture_report=on_report,
+                              phase_scopes=api_server_scopes(self))
         if probe is not None and logger is not None:
             logger.request_ring = probe.request_ring  # the flight recorder's finished requests
         if probe is not None:  # requests with X-Sidecar-Profile ask through this probe

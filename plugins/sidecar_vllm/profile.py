@@ -9,8 +9,11 @@ probe starts.
 from __future__ import annotations
 
 from sidecar.engine import API_SERVER, ENGINE_CORE, WORKER, EngineProfile
+from sidecar.phases import PhaseRange
 from sidecar.syncs.allowlist import AllowEntry
 from sidecar.syncs.sites import FORWARD, SAMPLING, SCHEDULING, PhaseRule
+
+from . import phase_scopes as scopes
 
 # vLLM's processes: the API server (records for the capture window on its event loop), the engine
 # core (EngineCore.step) and one worker per rank (Worker.execute_model / sample_tokens).
@@ -42,6 +45,25 @@ ALLOW_ENTRIES: tuple[AllowEntry, ...] = (
 )
 
 
+# The ranges of a step's phases, recorded only while a capture records (phase_scopes.py switches them).
+# Worker: vLLM's own scopes (GPUModelRunner, inherited by the CPU runner); "postprocess" is the logits,
+# part of the model's pass; "bookkeep" brings the sampled tokens to the host, sampling as PHASE_RULES
+# files it. Engine core and API server: vLLM has none there, these are the plugin's.
+PHASE_RANGES: tuple[PhaseRange, ...] = (
+    PhaseRange("gpu_model_runner: preprocess", "prepare", ROLE_WORKER),
+    PhaseRange("gpu_model_runner: forward", "forward", ROLE_WORKER),
+    PhaseRange("gpu_model_runner: postprocess", "forward", ROLE_WORKER),
+    PhaseRange("gpu_model_runner: sample", "sample", ROLE_WORKER),
+    PhaseRange("gpu_model_runner: bookkeep", "sample", ROLE_WORKER),
+    PhaseRange(scopes.SCHEDULE, "schedule", ROLE_ENGINE_CORE),
+    PhaseRange(scopes.SEND_TO_WORKERS, "dispatch", ROLE_ENGINE_CORE),
+    PhaseRange(scopes.WAIT_FOR_MODEL, "wait_model", ROLE_ENGINE_CORE),
+    PhaseRange(scopes.UPDATE_FROM_OUTPUT, "update", ROLE_ENGINE_CORE),
+    PhaseRange(scopes.PROCESS_INPUTS, "input", ROLE_API_SERVER),
+    PhaseRange(scopes.PROCESS_OUTPUTS, "output", ROLE_API_SERVER),
+)
+
+
 def vllm_version() -> str:
     """``vllm 0.32.0`` (the probe's hello); ``vllm`` when vLLM's version cannot be read."""
     try:
@@ -61,4 +83,5 @@ VLLM_PROFILE = EngineProfile(
     service_name="vllm",  # OTel resource service.name unless OTEL_SERVICE_NAME says otherwise
     provider="vllm",  # gen_ai.provider.name
     version=vllm_version,
+    phase_ranges=PHASE_RANGES,
 )

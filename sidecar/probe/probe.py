@@ -102,6 +102,7 @@ class Probe:
         watchdog_s: float | None = None,
         request_ring: bool | None = None,
         instance: str = "",
+        phase_scopes: Callable[[bool], None] | None = None,
     ) -> None:
         """``role``: one of ``profile.roles`` (ValueError otherwise). ``loop``: the asyncio loop a
         process without steps records on (API server). ``on_capture_report``: also told of every
@@ -113,7 +114,9 @@ class Probe:
         SIDECAR_PROBE_MAX_* variables. ``in_flight``: the requests this process knows in flight
         (``/requests``), called on the link thread. ``recorder_steps``, ``watchdog_s``: instead of
         SIDECAR_RECORDER_STEPS and SIDECAR_WATCHDOG_S. ``instance``: the engine instance this
-        process belongs to (processes of one count the same steps), where several may share a sidecar."""
+        process belongs to (processes of one count the same steps), where several may share a sidecar.
+        ``phase_scopes``: the engine's switch of this process's phase ranges (the profile's
+        ``phase_ranges``), on while a capture records and off otherwise, called on the recording thread."""
         if cuda_available is None:
             cuda_available = _cuda_available()
         self.profile = profile
@@ -152,6 +155,7 @@ class Probe:
         self.gc_pauses = GcPauses(step_thread_id=self._step_thread_id)
         self.gc_pauses.install()
         self._in_flight = in_flight
+        self._phase_scopes = phase_scopes
         threshold = threshold_from_environment() if watchdog_s is None else watchdog_s
         self.watchdog = None
         if threshold > 0 and self.ring is not None:
@@ -321,7 +325,8 @@ class Probe:
             # With a listener (a single-process engine's capture spans) its reports go to it too; else
             # straight to the link, as before.
             report = self._report_capture if self._on_capture_report is not None else self._link.send
-            capture = StepCapture(spec, path, report, self._exporter, self.identity.cuda, self.limits, stacks)
+            capture = StepCapture(spec, path, report, self._exporter, self.identity.cuda, self.limits, stacks,
+                                  self._phase_scopes, self.profile.phase_table(self.identity.role))
             steps_seen = self.steps
             if spec.request_id is not None:
                 # Bound to a request that waits for every "armed" before its first step: begin now,
@@ -331,7 +336,7 @@ class Probe:
             capture.report_armed(steps_seen)
         else:
             capture = WindowCapture(spec, path, self._report_capture, self._exporter, self._loop, self.identity.cuda,
-                                    self.limits, stacks)
+                                    self.limits, stacks, self._phase_scopes, self.profile.phase_table(self.identity.role))
             self._capture = capture
             capture.start_window()
 

@@ -35,11 +35,19 @@ failure there loses the stacks, never the trace, and the report's ``stack_summar
 it (``Role.traced_stacks``): the probe decides, per process, which of the two a capture gets
 (``stack_mode``), and the report says which it was.
 
+Phase ranges (``phase_scopes``, given by the engine integration): switched on right after the
+profiler starts and off right before it stops, on the same thread, so the engine's named ranges of a
+step's phases exist only while a capture records (docs/analysis.md, "Step anatomy"). A switch that
+fails costs the ranges, never the capture. ``phase_table`` (the profile's range name → phase for
+this process) is written into the trace as its top-level ``inference_sidecar`` member
+(sidecar/phases.py), which is how the analysis knows the ranges without knowing the engine.
+
 Reports go out as ``CaptureReport`` structs (sidecar.protocol).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -48,6 +56,7 @@ from time import perf_counter_ns
 from typing import Any, Callable
 
 from ..engine import Role
+from ..phases import PHASE_RANGES_KEY, TRACE_MEMBER
 from ..protocol import P_CAPTURING, P_DONE, P_EXPORTING, CaptureReport, CaptureSpec
 from ..stack_samples import samples_path
 from ..step_window import FINISHED, RECORDING, StepWindow
@@ -125,9 +134,14 @@ class StepCapture(StepWindow):
         cuda_available: bool = False,
         limits: ProbeLimits | None = None,
         stacks: str = "none",
+        phase_scopes: Callable[[bool], None] | None = None,
+        phase_table: dict[str, str] | None = None,
     ) -> None:
-        """``stacks``: what ``stack_mode`` chose for this process."""
+        """``stacks``: what ``stack_mode`` chose for this process. ``phase_scopes``: the engine's
+        switch of its phase ranges (True: on), called on the recording thread."""
         super().__init__(spec.steps)
+        self._phase_scopes = phase_scopes
+        self._phase_table = phase_table
         self.spec = spec
         self.trace_path = trace_path
         # Resolved now, checked again before the export writes: the folder cannot be swapped for a
@@ -154,6 +168,7 @@ class StepCapture(StepWindow):
             self.state = FINISHED
         self._drop_sampler()
         prof, self._prof = self._prof, None
+        self._switch_scopes(False)
         if prof is not None:
             try:
                 prof.stop()
@@ -191,6 +206,9 @@ class StepCapture(StepWindow):
         sampler = self._sampler
         if sampler is not None:  # after the profiler: its samples fall inside the recorded steps
             sampler.start(threading.get_ident())
+        if self._phase_table:
+            self._note_phases()
+        self._switch_scopes(True)  # last: nothing after it can fail the start and leave them on
         self._on_step_thread_ns += perf_counter_ns() - began
 
     def _step_began(self, n: int, new: bool) -> None:
@@ -203,6 +221,7 @@ class StepCapture(StepWindow):
         began = perf_counter_ns()
         if self._sampler is not None:
             self._sampler.stop()  # a flag and a clock read; the sampler parks by itself
+        self._switch_scopes(False)
         prof, self._prof = self._prof, None
         try:
             prof.stop()
@@ -213,6 +232,24 @@ class StepCapture(StepWindow):
             return
         self._report_state(P_EXPORTING)
         self._exporter.submit(self._export, prof)
+
+    def _note_phases(self) -> None:
+        try:  # a top-level member of the exported trace (only while the profiler runs)
+            self._prof.add_metadata_json(TRACE_MEMBER, json.dumps({PHASE_RANGES_KEY: self._phase_table}))
+        except Exception as exc:  # without it the analysis shows no step anatomy: the capture goes on
+            log.warning("inference-sidecar: capture %s: phase ranges not noted in the trace: %s", self.spec.id, exc)
+
+    def _switch_scopes(self, on: bool) -> None:
+        scopes = self._phase_scopes
+        if scopes is None:
+            return
+        if not on:
+            self._phase_scopes = None  # switched off once, whichever way the recording ends
+        try:
+            scopes(on)
+        except Exception as exc:  # the ranges are a bonus: the capture goes on without them
+            log.warning("inference-sidecar: capture %s: phase ranges not switched %s: %s",
+                        self.spec.id, "on" if on else "off", exc)
 
     # -- the export thread -------------------------------------------------------------------------
     def _export(self, prof) -> None:
@@ -287,8 +324,9 @@ class WindowCapture(StepCapture):
     """
 
     def __init__(self, spec, trace_path, report, exporter, loop, cuda_available=False, limits=None,
-                 stacks="none") -> None:
-        super().__init__(spec, trace_path, report, exporter, cuda_available, limits, stacks)
+                 stacks="none", phase_scopes=None, phase_table=None) -> None:
+        super().__init__(spec, trace_path, report, exporter, cuda_available, limits, stacks, phase_scopes,
+                         phase_table)
         self._loop = loop
 
     def start_window(self) -> None:
