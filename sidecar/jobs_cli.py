@@ -87,8 +87,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("download", help="a capture's merged trace, or one process's file of it")
     add_connection_args(p)
     p.add_argument("id", help="the capture id")
-    p.add_argument("--file", default=None, metavar="NAME", help="one of the capture's files (`sidecar status ID --json` lists them)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="write it here (gzip-compressed JSON, as served)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--file", default=None, metavar="NAME", help="one of the capture's files (`sidecar status ID --json` lists them)")
+    what.add_argument("--report", action="store_true",
+                      help="the capture's report: one HTML page, as GET /profile/{id}/report serves it (docs/report.md)")
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="write it here (gzip-compressed JSON as served; with --report, HTML)")
     p.set_defaults(handler=_download)
 
     p = subparsers.add_parser("watch", help="what the always-on sync watch has seen (SIDECAR_SYNC_WATCH=1)")
@@ -308,7 +312,8 @@ def _download(args: argparse.Namespace) -> int:
     client = make_client(args, timeout=300)
 
     def work() -> int:
-        path = f"/profile/{args.id}/files/{args.file}" if args.file else f"/profile/{args.id}/trace"
+        path = (f"/profile/{args.id}/files/{args.file}" if args.file else
+                f"/profile/{args.id}/report" if args.report else f"/profile/{args.id}/trace")
         client.download(path, args.output)
         print(f"wrote {args.output} ({args.output.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
         return 0

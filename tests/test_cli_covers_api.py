@@ -11,8 +11,9 @@ from sidecar.cli import _COMMAND_MODULES
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 ENDPOINT = re.compile(r"`((?:[A-Z]+\|)*[A-Z]+) (/[^`\s]*)`")
-# Not for people: the engine processes' own channel and metric push, and the machine-readable API description.
-NOT_COMMANDS = {("GET", "/probe/ws"), ("POST", "/v1/metrics"), ("GET", "/openapi.json")}
+# Not for people: the engine processes' own channel and metric push, and the machine-readable API description;
+# not for a shell: the home page, a browser's view of what `status`, `list`, `capture` and `sync` do.
+NOT_COMMANDS = {("GET", "/probe/ws"), ("POST", "/v1/metrics"), ("GET", "/openapi.json"), ("GET", "/")}
 
 
 def _headings() -> list[set[tuple[str, str]]]:

@@ -1,4 +1,4 @@
-"""``sidecar analyze PATH [--json] [--top N]``: explain a Kineto / Chrome trace at once."""
+"""``sidecar analyze PATH [--json] [--top N] [--html FILE]``: explain a Kineto / Chrome trace at once."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--syncs", action="store_true",
                    help="also name every sync's site as a live sync scan does (file:line, op, phase, hidden or "
                         "expected; docs/syncs.md); JSON: the summary's sync_scan")
+    p.add_argument("--html", metavar="FILE", default=None,
+                   help="also write the report as one self-contained HTML page (charts, findings; docs/report.md)")
     p.set_defaults(handler=run)
 
 
@@ -42,6 +44,20 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(format_report(summary))
         if args.syncs:
             sys.stdout.write(format_sync_sites(summary["sync_scan"]))
+    if args.html:
+        return _write_html(summary, args.html)
+    return 0
+
+
+def _write_html(summary: dict, out: str) -> int:
+    from ..report import write_html_report  # only when asked: the pages' modules are not the analyser's
+
+    try:
+        path = write_html_report(summary, out)
+    except OSError as exc:
+        print(f"sidecar analyze: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"sidecar analyze: report written to {path}", file=sys.stderr)
     return 0
 
 

@@ -64,11 +64,18 @@ def main(stack_class: type[Stack], argv: list[str] | None = None, *, prog: str |
 
         print()
         print(describe(status))
+        report = None
         if status.get("summary"):
             from ..analysis import format_report
+            from ..report import write_html_report
 
+            summary = client.summary(status["id"])
             print()
-            print(format_report(client.summary(status["id"])))
+            print(format_report(summary))
+            # The same as a page to open in a browser, beside the trace it links (docs/report.md).
+            report = write_html_report(summary, stack.trace_dir / "captures" / status["id"] / "report.html")
         print(f"\ndemo: {load.get('requests', 0)} streamed requests during the demo, {load.get('failures', 0)} failed")
         print(f"demo: trace files in {stack.trace_dir / 'captures' / status['id']}")
+        if report:
+            print(f"demo: the capture's report, one HTML page: {report}")
     return 0 if status["state"] == "done" and not load.get("failures") else 1

@@ -2,7 +2,8 @@
 
 This module assembles the service: settings and shared state (keys.py), authentication and JSON
 errors, the routes of captures (capture_routes.py) and of their diff (diff_routes.py), sync scans (scan_routes.py), the incident views
-(incident_routes.py: recorder, stacks, requests), processes and health (here), the probe channel (probe_channel.py) and the metrics receiver.
+(incident_routes.py: recorder, stacks, requests), processes and health (here), the probe channel (probe_channel.py), the metrics receiver and the pages
+a person opens in a browser (page_routes.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .job_board import JobBoard
 from .keys import CAPTURES, JOBS, QUERIES, REGISTRY, SCANS, SETTINGS, TRIGGERS
 from .metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, PUSH_LISTENERS, add_metrics_routes
 from .openapi import OPENAPI_PATH, openapi_json
+from .page_routes import add_page_routes, unauthorized_page
 from .params import ParamError
 from .probe_channel import add_probe_channel
 from .registry import ProbeRegistry
@@ -51,7 +53,9 @@ async def errors_and_auth(request: web.Request, handler):
     token = request.app[SETTINGS].http_token
     if token and request.path not in _OPEN_PATHS:
         if not auth.bearer_matches(request.headers.get("Authorization"), token):
-            return json_error(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
+            # A browser opening a page gets a form that asks for the token (page_routes.py); others the JSON.
+            return unauthorized_page(request) or json_error(
+                401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
     try:
         return await handler(request)
     except ParamError as exc:
@@ -130,6 +134,8 @@ def make_app(settings: ServiceSettings) -> web.Application:
     app.add_routes([web.get("/processes", processes), web.get("/healthz", healthz)])
     # The API's OpenAPI document (docs/api.md, "OpenAPI"); behind the token like every endpoint but /healthz.
     app.router.add_get(OPENAPI_PATH, openapi_json)
+    # The pages a person opens in a browser: the home page and a capture's report (docs/report.md).
+    add_page_routes(app)
     add_probe_channel(app)
     # Triggers see each heartbeat and metrics push as it arrives (triggers.py).
     triggers = Triggers(registry=registry, captures=app[CAPTURES], scans=app[SCANS], queries=app[QUERIES],

@@ -203,6 +203,16 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       "404": _error("no such capture (the message names it)"),
                       "409": _error("a capture still runs, or ended without a summary"),
                       "410": _error("a summary was removed")}},
+    ("GET", "/profile/{id}/report"): {
+        "summary": "a finished capture's report: one HTML page for a person (docs/report.md)",
+        "description": "A browser (Accept: text/html) gets its errors, and the token prompt where the sidecar "
+                       "has a token, as HTML pages; any other client the JSON errors.",
+        "path": [_path_param("id", id_pattern(CAPTURE))], "responses": {
+        "200": _ok("the report", content_type="text/html"), "404": _error("no such capture, or it has no summary"),
+        "409": _error("the capture still runs"), "410": _error("the summary was removed")}},
+    ("GET", "/"): {"summary": "the home page: processes, captures, scans, triggers, start forms (docs/report.md)",
+                   "description": "HTML for a person; its forms call /profile/start and /sync/start.",
+                   "responses": {"200": _ok("the page", content_type="text/html")}},
     ("GET", "/profiles"): {"summary": "recent captures, newest first", "responses": {
         "200": _ok("the captures", ["captures"])}},
     **{(m, "/sync/start"): _start("hidden-sync scan", SCAN_KNOWN) for m in ANY_METHOD},
@@ -353,7 +363,7 @@ def build_document(app: web.Application) -> dict[str, Any]:
 
 def _operation_id(method: str, path: str) -> str:
     words = [w.strip("{}") for w in path.strip("/").replace(".", "_").split("/")]
-    return method.lower() + "_" + "_".join(w.replace("-", "_") for w in words)
+    return method.lower() + "_" + ("_".join(w.replace("-", "_") for w in words) or "home")  # "/": get_home
 
 
 async def openapi_json(request: web.Request) -> web.Response:

@@ -1,0 +1,144 @@
+"""The pages' one script: a few lines of plain JavaScript, inline, no library.
+
+What it does, and only this: keeps the sidecar's token (when it has one) in this tab's sessionStorage,
+never in a URL or a cookie; sends it on every request the page makes; starts a capture or a scan by
+calling the JSON API as any client does (the API validates: its error is shown beside the form);
+downloads a trace or JSON with the token when links alone cannot; and refreshes the home page's live
+section while a job runs. Without a token every link and form also works as plain HTML.
+
+The pages' Content-Security-Policy allows this script by its hash and no other (``SCRIPT_HASH``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+from .styles import CSS
+
+SCRIPT = r"""
+"use strict";
+(function () {
+  const KEY = "sidecar-token";
+  const token = () => sessionStorage.getItem(KEY);
+  function headers(extra) {
+    const h = Object.assign({}, extra || {});
+    if (token()) h["Authorization"] = "Bearer " + token();
+    return h;
+  }
+  function say(out, kind, text) {  // the form's <output>: its layout classes stay
+    if (!out) return;
+    out.classList.remove("ok", "error");
+    if (kind) out.classList.add(kind);
+    out.textContent = text;
+  }
+  async function fetchPage() {
+    const resp = await fetch(location.pathname, {headers: headers({"Accept": "text/html"}), cache: "no-store"});
+    return new DOMParser().parseFromString(await resp.text(), "text/html");
+  }
+  async function unlock(out) {
+    const doc = await fetchPage();
+    if (doc.body.hasAttribute("data-locked")) {  // the prompt again: the sidecar refused the token
+      sessionStorage.removeItem(KEY);
+      say(out, "error", "The sidecar refused this token.");
+      return;
+    }
+    document.title = doc.title;
+    document.body.replaceWith(document.adoptNode(doc.body));
+    schedule();
+  }
+  let timer = null;
+  function schedule() {  // while a capture or scan runs, the live section follows it
+    clearTimeout(timer);
+    const live = document.getElementById("live");
+    if (live && live.hasAttribute("data-active")) timer = setTimeout(refresh, 1500);
+  }
+  async function refresh() {
+    const live = document.getElementById("live");
+    if (!live) return;
+    const doc = await fetchPage();
+    if (doc.body.hasAttribute("data-locked")) {  // the token stopped working (a restarted sidecar?): ask again
+      sessionStorage.removeItem(KEY);
+      document.body.replaceWith(document.adoptNode(doc.body));
+      return;
+    }
+    const fresh = doc.getElementById("live");
+    if (fresh) live.replaceWith(document.adoptNode(fresh));
+    schedule();
+  }
+  function fields(form) {
+    const body = {};
+    for (const el of form.elements) {
+      if (!el.name || el.disabled) continue;
+      el.removeAttribute("aria-invalid");
+      if (el.type === "checkbox") {
+        if (!el.checked) continue;
+        body[el.name] = el.dataset.list ? (body[el.name] ? body[el.name] + "," : "") + el.value : "true";
+      } else if (el.value.trim() !== "" && el.value !== el.dataset.omit) {
+        body[el.name] = el.value.trim();
+      }
+    }
+    return body;
+  }
+  async function post(url, body, out, form, verb) {
+    say(out, null, "…");
+    let resp, answer;
+    try {
+      resp = await fetch(url, {method: "POST", headers: headers({"Content-Type": "application/json"}),
+                               body: JSON.stringify(body)});
+      answer = await resp.json();
+    } catch (err) {
+      say(out, "error", "The sidecar did not answer: " + err);
+      return;
+    }
+    if (!resp.ok) {
+      say(out, "error", (answer.param ? answer.param + ": " : "") + answer.message);
+      const field = form && answer.param && form.elements.namedItem(answer.param);
+      if (field && field.setAttribute) field.setAttribute("aria-invalid", "true");
+      return;
+    }
+    say(out, "ok", verb + " " + answer.id + " (" + answer.state + ")");
+    refresh();
+  }
+  async function download(link) {
+    const resp = await fetch(link.getAttribute("href"), {headers: headers()});
+    if (!resp.ok) { alert(link.textContent + ": " + resp.status + " " + resp.statusText); return; }
+    const url = URL.createObjectURL(await resp.blob());
+    const a = document.createElement("a");
+    a.href = url; a.download = link.getAttribute("download") || "download";
+    document.body.appendChild(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  }
+  document.addEventListener("submit", (ev) => {
+    const form = ev.target;
+    if (form.id === "token-form") {
+      ev.preventDefault();
+      sessionStorage.setItem(KEY, form.elements.token.value);
+      form.elements.token.value = "";
+      unlock(form.querySelector("output"));
+    } else if (form.dataset.api) {
+      ev.preventDefault();
+      post(form.dataset.api, fields(form), form.querySelector("output"), form, "Started");
+    }
+  });
+  document.addEventListener("click", (ev) => {
+    const link = ev.target.closest("a[data-download]");
+    if (link && token()) { ev.preventDefault(); download(link); return; }
+    const button = ev.target.closest("button[data-post]");
+    if (button) post(button.dataset.post, {}, document.getElementById(button.dataset.out), null, "Stopped");
+  });
+  document.addEventListener("DOMContentLoaded", () => {
+    if (document.body.hasAttribute("data-locked") && token()) unlock(null);
+    else schedule();
+  });
+})();
+"""
+
+
+def csp_hash(text: str) -> str:
+    """A CSP source that allows exactly this inline script or style."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+SCRIPT_HASH = csp_hash(SCRIPT)
+STYLE_HASH = csp_hash(CSS)
