@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .ranks import format_ranks
 from .module_report import format_modules
 from .anatomy import format_anatomy
 from .summary import unique_short_names
@@ -29,6 +30,9 @@ def format_report(summary: dict, steps_shown: int = 20) -> str:
         add("== All processes")
         _gpu(summary["gpu"], add)
         _syncs(summary["syncs"], add)
+    if summary.get("ranks"):
+        add("")
+        lines.extend(format_ranks(summary["ranks"], _t))
     if "modules" in summary:
         add("")
         lines.extend(format_modules(summary["modules"], _t))

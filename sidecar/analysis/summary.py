@@ -12,7 +12,7 @@ import os
 import msgspec
 from pathlib import Path
 
-from . import collectives, cpu, gaps, kernels, launches, steps, syncs
+from . import collectives, cpu, gaps, kernels, launches, ranks, steps, syncs
 from . import modules
 from . import anatomy
 from .collect import Collector, TraceData
@@ -35,6 +35,7 @@ class ProcessResult(msgspec.Struct):
     gaps: gaps.GapPart
     window: tuple[float, float]
     json: dict
+    ranks: ranks.RankPart | None = None  # what the comparison of ranks needs (ranks.py); None without a rank
     module_stats: modules.ModuleStats | None = None  # time per nn.Module (modules.py)
     anatomy: anatomy.AnatomyPart | None = None  # the process's phase ranges (anatomy.py); None without
 
@@ -98,7 +99,7 @@ def _analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
         "modules": modules.to_json(module_part, top_n),
     }
     return ProcessResult(view.label, gpu, comm, ops, launch_stats, found_syncs, gap_part, window, body,
-                         module_stats=module_part)
+                         ranks.rank_part(view, window), module_stats=module_part)
 
 
 def _with_anatomy(result: ProcessResult, view: ProcessView) -> ProcessResult:
@@ -182,6 +183,9 @@ def summarize_results(path, files: list[dict], results: list[ProcessResult], war
         "modules": modules.to_json(module_total, top_n),
         "warnings": warnings,
     }
+    side_by_side = ranks.summarize([(r.ranks, r.json) for r in results if r.ranks is not None])
+    if side_by_side is not None:  # two ranks or more
+        summary["ranks"] = side_by_side
     summary["anatomy"] = anatomy.summarize([r.anatomy for r in results if r.anatomy is not None])
     summary["headline"] = headline(summary)  # from the top_n lists: the same line as `sidecar analyze`'s
     if all_names:
