@@ -7,9 +7,9 @@ without it has no anatomy: nothing here names an engine or guesses from range na
 
 - **A phase's time in a step** is the union of that phase's ranges (nested or repeated ranges of one
   phase count once) within the step's ``ProfilerStep#n`` range, over every thread of the process.
-- **A process without steps** (an API server, which records a time window) has its phases cut by
-  the steps of the process of the same file with the most steps: what it did during each engine step.
-  Its time outside every step is reported apart.
+- **A process without steps** (an API server, which records a time window: one ``ProfilerStep#0``
+  over all of it, or none) has its phases cut by the steps of the process of the same file with the
+  most steps: what it did during each engine step. Its time outside every step is reported apart.
 - **Partial steps.** A process's last step is partial when its range is cut off (``steps.partial_last``:
   under half the median of the others) or when it lacks a phase that every other step of the process
   has (the window ended inside it). A partial step is listed, marked, and left out of every mean.
@@ -188,12 +188,10 @@ def summarize(parts: list[AnatomyPart]) -> Optional[dict]:
         return None
     processes = []
     for part in parts:
-        if part.steps:
+        # A window's one range (torch's ProfilerStep#0 over an API server's whole window) is no step.
+        ref = max((p for p in parts if p.file == part.file and len(p.steps) > 1), key=lambda p: len(p.steps), default=None)
+        if len(part.steps) > 1 or ref is None:
             processes.append(_process_json(part, part.steps, part.partial, None))
-            continue
-        ref = max((p for p in parts if p.file == part.file and p.steps), key=lambda p: len(p.steps), default=None)
-        if ref is None:
-            processes.append(_process_json(part, [], [], None))
         else:
             processes.append(_process_json(part, ref.steps, ref.partial, ref.label))
     between = []

@@ -64,6 +64,7 @@ def worker_events(gpu=False):
 
 def api_events():
     return [process_name(API, "API server (pid 5)"),
+            step(0, 0, 6000, pid=API, tid=API),  # torch's one step range over the window it records
             ann("api: in", 50, 30, API), ann("api: out", 950, 40, API), ann("api: in", 1500, 30, API),
             ann("api: out", 2950, 40, API), ann("api: out", 5000, 10, API)]  # the last: after every step
 
