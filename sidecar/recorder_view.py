@@ -12,6 +12,8 @@ milliseconds rounded to the microsecond)::
     {"clock": "unix_ns", "since_ns": ..., "until_ns": ...,
      "processes": [
        {"process": {...as the sidecar lists it...}, "error": null or "why nothing came",
+        "clock_correction_ms": what was subtracted from its times to put them on the sidecar's clock
+                               (its measured offset where that exceeds the uncertainty: another host; else 0),
         "capacity": rows of its step ring or null, "steps_written": steps ever recorded or null,
         "steps": [{"step", "start_ns", "end_ns", "duration_ms", "working": bool, "batch", "tokens",
                    "prefill_tokens", "decode_tokens", "running", "waiting",
@@ -104,7 +106,10 @@ def _process_view(process: dict, dump: dict, error: Optional[str], since_ns: int
     gc_rows = [{"start_ns": g["start_ns"], "duration_ms": _ms(g["duration_ns"]), "generation": g["generation"],
                 "collected": _known(g["collected"]), "step_thread": bool(g["step_thread"])}
                for g in gc_all if g["start_ns"] + g["duration_ns"] >= since_ns and g["start_ns"] <= until_ns]
-    return {"process": process, "error": error, "capacity": steps_dump.get("capacity"),
+    return {"process": process, "error": error,
+            # service/recorder_clock.py moved the dump's times already; this says by how much.
+            "clock_correction_ms": _ms(dump.get("clock_correction_ns") or 0),
+            "capacity": steps_dump.get("capacity"),
             "steps_written": steps_dump.get("written"), "steps": steps, "open_step": open_step,
             "gc": gc_rows, "gc_totals": _gc_totals(gc_dump),
             "requests": _request_rows(dump.get("requests"), since_ns, until_ns),

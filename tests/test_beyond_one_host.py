@@ -73,6 +73,36 @@ async def test_a_remote_skewed_process_lands_on_the_sidecars_clock(sidecar, engi
         assert nearest <= proc["clock"]["uncertainty_ms"] + JITTER_MS, (rank, nearest, proc["clock"])
 
 
+async def test_the_recorder_rows_of_a_remote_skewed_process_land_on_the_sidecars_clock(sidecar, engines, tmp_path):  # noqa: F811
+    """``GET /recorder`` merges every process's rows on one timeline: the remote process's rows are moved
+    by its measured offset, as its trace is in a capture, and the answer says by how much."""
+    client = await sidecar()
+    grid = ("--grid-ms", str(GRID_MS), "--step-ms", "1")
+    engines(client.url, "worker", "--rank", "0", *grid)
+    engines(client.url, "worker", "--rank", "1", *grid, env={
+        "FAKE_ENGINE_CLOCK_SKEW_S": str(SKEW_S), "SIDECAR_TRACE_DIR": str(tmp_path / "other-host"),
+        "SIDECAR_PROBE_SEND_FILES": "1"})
+    await wait_processes(client, 2)
+    await wait_clocks(client, 2)
+    await asyncio.sleep(1.0)  # some steps on the grid
+    body = await (await client.get("/recorder", params={"seconds": "30"})).json()
+    by_rank = {p["process"]["rank"]: p for p in body["processes"]}
+    for rank, proc in by_rank.items():
+        clock = proc["process"]["clock"]
+        assert proc["error"] is None and len(proc["steps"]) >= 5, (rank, proc["error"])
+        if rank == 1:  # what was subtracted is the measured offset, which is the skew within its bound
+            assert clock["applied"] and proc["clock_correction_ms"] == clock["offset_ms"], (proc["clock_correction_ms"], clock)
+            assert abs(proc["clock_correction_ms"] - SKEW_S * 1000) <= clock["uncertainty_ms"] + 0.002
+        else:  # one host: never moved
+            assert not clock["applied"] and proc["clock_correction_ms"] == 0, clock
+        # Each step began on the true clock's grid: within the uncertainty (and a wake-up's lateness)
+        # of it on the sidecar's timeline. Uncorrected, rank 1's would all be 50 ms away.
+        nearest = min(grid_distance_ms(row["start_ns"]) for row in proc["steps"])
+        assert nearest <= clock["uncertainty_ms"] + JITTER_MS, (rank, nearest, clock)
+        # And inside the window the sidecar asked for, on its own clock.
+        assert all(body["since_ns"] <= row["end_ns"] and row["start_ns"] <= body["until_ns"] for row in proc["steps"])
+
+
 async def test_the_recorder_of_a_remote_process_comes_over_the_channel(sidecar, engines, tmp_path):  # noqa: F811
     client = await sidecar()
     remote_root = tmp_path / "other-host"

@@ -10,7 +10,7 @@ import json
 import time
 
 from ..protocol import RECORDER_DIR
-from . import file_fetch
+from . import file_fetch, recorder_clock
 from .queries import QueryBroker
 
 # A recorder dump is a file of up to a few MiB: the processes have this long to write theirs.
@@ -38,6 +38,8 @@ async def gather_recording(queries: QueryBroker, conns: list, seconds: float) ->
                     dump = json.loads(await file_fetch.fetch_bytes(reply.conn, reply.answer.file, MAX_DUMP_BYTES))
             except (OSError, ValueError, file_fetch.FetchError) as exc:
                 error = f"its recorder dump could not be read: {exc}"
+        if isinstance(dump, dict):  # on the sidecar's clock where the probe's is measurably off (another host)
+            dump = recorder_clock.to_sidecar_clock(dump, reply.conn.clock.correction_ns)
         answers.append((reply.conn.to_json(), dump, error))
     return answers, until_ns - int(seconds * 1e9), until_ns
 
