@@ -9,6 +9,9 @@ With ``--device cuda`` a worker's step runs its matrix products on the GPU and i
 is that far ahead: ``time.time_ns``/``time.time`` (the probe's clock replies, rings, sampled stacks) and
 the ``baseTimeNanoseconds`` of every trace torch exports. With ``--grid-ms`` each working step begins
 on a multiple of that many ms of the true wall clock, so steps of several processes happen together.
+
+``FAKE_ENGINE_PID`` and ``FAKE_ENGINE_HOST`` make the probe claim that pid and host name, as a process
+in a container of another host does (two hosts' workers often share role, rank and pid).
 """
 
 import argparse
@@ -31,6 +34,12 @@ TRUE_TIME_NS = time.time_ns  # the host's own clock, whatever the skew
 CLOCK_SKEW_S = float(os.environ.get("FAKE_ENGINE_CLOCK_SKEW_S") or 0.0)
 if CLOCK_SKEW_S:
     _skew_the_clock(CLOCK_SKEW_S)
+if os.environ.get("FAKE_ENGINE_PID"):  # read by the probe's identity when it is made
+    os.getpid = lambda: int(os.environ["FAKE_ENGINE_PID"])
+if os.environ.get("FAKE_ENGINE_HOST"):
+    import socket
+
+    socket.gethostname = lambda: os.environ["FAKE_ENGINE_HOST"]
 
 import torch  # noqa: E402
 

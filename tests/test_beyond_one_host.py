@@ -116,6 +116,34 @@ async def test_the_recorder_of_a_remote_process_comes_over_the_channel(sidecar, 
     assert not list((remote_root / "recorder").glob("*.json")), "the dump was deleted once sent"
 
 
+async def test_two_hosts_processes_with_one_role_rank_and_pid_keep_a_file_each(sidecar, engines, tmp_path):  # noqa: F811
+    """Worker rank 0 of two data-parallel servers on two hosts, both pid 7 (as in two containers): each
+    one's trace is fetched into a file of its own and kept as one, not the second written over the first.
+    Their steps tell them apart: one engine steps every few ms, the other every 40 ms or more."""
+    client = await sidecar()
+    for host, step_ms in (("host-a", "1"), ("host-b", "40")):
+        engines(client.url, "worker", "--rank", "0", "--instance", host, "--step-ms", step_ms, env={
+            "FAKE_ENGINE_PID": "7", "FAKE_ENGINE_HOST": host, "SIDECAR_TRACE_DIR": str(tmp_path / host),
+            "SIDECAR_PROBE_SEND_FILES": "1"})
+    procs = await wait_processes(client, 2)
+    assert [(p["pid"], p["rank"], p["files_shared"]) for p in procs] == [(7, 0, False)] * 2, procs
+    resp = await client.get("/profile/start", params={"steps": "4", "timeout_s": "30"})
+    status = await wait_final(client, (await resp.json())["id"])
+    assert status["state"] == "done", status
+    by_host = {p["instance"]: p for p in status["processes"]}
+    assert sorted(by_host) == ["host-a", "host-b"] and all(p["state"] == "done" for p in by_host.values())
+    files = [by_host[h]["file"] for h in ("host-a", "host-b")]
+    assert files[0] != files[1] and all(files), files
+    capture_dir = tmp_path / "traces" / "captures" / status["id"]
+    for host, file in zip(("host-a", "host-b"), files):
+        trace = json.loads(gzip.decompress((capture_dir / file).read_bytes()))
+        steps = [e["dur"] / 1000 for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+        assert steps, (host, file)
+        # ProfilerStep#n spans a step and the engine's pause after it (1 ms on host-a, 40 ms on host-b),
+        # but for the last, which ends where recording stopped.
+        assert (min(steps) < 30) if host == "host-a" else (min(steps[:-1]) >= 40), (host, steps)
+
+
 async def test_two_engine_instances_each_start_at_their_own_step(sidecar, engines):  # noqa: F811
     """Two servers sharing one sidecar count their own steps: one started seconds after the other is
     thousands of steps behind, and a common start step would make it record steps the first one took

@@ -36,6 +36,7 @@ from .job_manager import STOP_GRACE_S, JobManager
 from .job_states import EXPORTING
 from .jobs import CAPTURE, Job, JobKind, ProcessRun
 from .params import CaptureRequest, ParamError
+from .process_stems import unique_stems
 from .registry import ProbeRegistry
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,12 @@ class CaptureProcess(ProcessRun):
     # merge subtracts from its times: the offset where measurably off (another host), else 0.
     clock: dict[str, Any] | None = None
     clock_correction_ns: int = 0
+    # Its stem in this capture's files, where its own is taken by a process of another host (process_stems.py).
+    unique_stem: str | None = None
+
+    @property
+    def stem(self) -> str:
+        return self.unique_stem or self.identity.file_stem
 
 
 @dataclass(eq=False, kw_only=True)
@@ -149,7 +156,9 @@ class CaptureManager(JobManager[Capture]):
             bound = {"id": request.request_id, "max_steps": request.steps, "asked_by": request.asked_by}
         capture = Capture(
             id=capture_id, request=request, dir=self._trace_dir / "captures" / capture_id,
-            processes=[CaptureProcess(conn=c, identity=c.identity) for c in chosen], bound_request=bound,
+            processes=[CaptureProcess(conn=c, identity=c.identity, unique_stem=stem)
+                       for c, stem in zip(chosen, unique_stems([(c.identity, c.shares_files) for c in chosen]))],
+            bound_request=bound,
         )
         capture.dir.mkdir(parents=True, exist_ok=True)
         # Written now, not only at the end: a sidecar killed during the capture leaves what was asked
