@@ -11,7 +11,7 @@ Always on, so three rules shape every line here:
 * **Cheap on the step path.** ``StepRing.begin`` is one clock read and one store;
   ``StepRing.end`` one clock read, one ``pack_into`` of the whole row, two stores. An engine hook
   that reads the clock anyway (a worker's step telemetry) passes its reads, and the probe writes
-  the start inline rather than calling ``begin``. Packing a row in
+  the start and the row inline rather than calling ``begin`` and ``end``. Packing a row in
   one call measured about 25 % cheaper than one ``array`` store per column (10 columns), and it
   makes a row write atomic under the GIL: a reader never sees half a row. Measured on the 2-core
   development host (benchmarks/bench_ring.py): ``begin()`` + ``end(...)`` 0.7-0.8 µs with the
@@ -179,7 +179,9 @@ class StepRing(_PackedRows):
             waiting: int = UNKNOWN, now_ns: int = 0) -> None:
         """One finished step, ended at ``now_ns`` (0: now). Without a ``begin()`` since the last
         ``end()`` the row's start is its end. An engine hook that reads the clock for its own
-        telemetry passes its reads: two clock reads fewer per step."""
+        telemetry passes its reads: two clock reads fewer per step. ``Probe.step_end`` writes the
+        same row with these statements inline (one Python call fewer per step): change both together
+        (tests/probe/test_probe_ring.py holds them to the same rows)."""
         now = now_ns or time_ns()
         # ``working`` is a bool, which "q" packs as 0 or 1 (bool is an int): no conversion here.
         self._pack(self._rows, self.written % self._slots * self._row_bytes, step, self.open_since_ns or now,
