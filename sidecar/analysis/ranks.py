@@ -257,9 +257,10 @@ def format_ranks(section: dict, duration, steps_shown: int = 20) -> list[str]:
     if section["steps"]:
         lines.append("  per step: slowest rank (longest step), last to arrive and by how much")
         for row in section["steps"][:steps_shown]:
-            slow = f"rank {row['slowest_rank']} {duration(max(row['wall_us']))}" if row["slowest_rank"] is not None else "cut off"
+            slow = (f"rank {row['slowest_rank']} {duration(max(row['wall_us']))}" if row["slowest_rank"] is not None
+                    else "cut off" if row["partial"] else "none (equal)")
             late = (f"rank {row['late_rank']} +{duration(row['late_by_us'])} ({row['basis'].replace('_', ' ')})"
-                    if row["late_rank"] is not None else "not compared")
+                    if row["late_rank"] is not None else "not compared" if row["basis"] is None else "none (together)")
             lines.append(f"  {row['step']:>7}  slowest {slow:<22} last {late}")
         if len(section["steps"]) > steps_shown:
             lines.append(f"  ... {len(section['steps']) - steps_shown} more steps in --json")

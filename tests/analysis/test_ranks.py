@@ -181,6 +181,31 @@ def test_without_matching_collectives_the_step_ends_decide(tmp_path, original):
     assert [r["matched_collectives"] for r in got["ranks"]] == [0, 0]
     assert any("different collective kernels" in note and "4, 5, 6" in note for note in got["notes"])
     assert all(row["slowest_rank"] is None for row in got["steps"])  # equal step times: nobody is slower
+    text = "\n".join(format_ranks(got, _t))
+    assert "Straggler: rank 1 arrives last in 3 of 3 steps, 1.23 ms after the first rank on average" in text
+    assert re.search(r"\n\s+5  slowest none \(equal\)\s+last rank 1 \+1\.23 ms \(step end\)", text), text
+
+
+def test_send_recv_on_several_streams(tmp_path):
+    """The other shared NCCL trace: SendRecv kernels on several streams, some launched by CUDA graphs."""
+    trace = load_plain(trace_path("a100-train-queue-rank0.json.gz"))
+    pid = 4515
+    late = copy.deepcopy(trace)
+    late["distributedInfo"]["rank"] = 1
+    for ev in late["traceEvents"]:
+        if "ts" in ev and ev.get("ph") != "M":
+            ev["ts"] += 777.25
+        if ev.get("pid") == pid:
+            ev["pid"] = pid + 1
+    (tmp_path / "a.json").write_text(json.dumps(trace))
+    (tmp_path / "b.json").write_text(json.dumps(late))
+    got = analyze_path(tmp_path)["ranks"]
+    nccl = sum(1 for ev in trace["traceEvents"] if _is_nccl(ev))
+    assert got["compared_steps"] == 5 and got["notes"] == []
+    assert [r["matched_collectives"] for r in got["ranks"]] == [nccl, nccl] == [80, 80]
+    assert got["straggler"]["rank"] == 1 and got["straggler"]["late_in"] == 5
+    assert got["straggler"]["late_by_mean_us"] == pytest.approx(777.25, abs=1e-3)
+    assert [r["collective_wait_us"] for r in got["ranks"]] == [0.0, 0.0]
 
 
 def test_unrelated_clocks_compare_no_arrival(tmp_path, original):
