@@ -77,10 +77,13 @@ class _Step(msgspec.Struct):
 
 
 def summarize(ranked: Sequence[tuple[RankPart, dict]]) -> Optional[dict]:
-    """The summary's ``ranks`` object (docs/analysis.md), None with fewer than two ranked processes.
+    """The summary's ``ranks`` object (docs/analysis.md), None with fewer than two ranked processes or
+    with a rank claimed by two.
     Each ranked process comes with its ``processes[]`` entry of the summary (its ``steps`` rows, whose
     ``partial`` flag is used, and its ``collectives``: the overlap of compute and communication)."""
-    if len(ranked) < 2:
+    if len(ranked) < 2 or len({part.rank for part, _ in ranked}) < len(ranked):
+        # A rank claimed twice: data-parallel replicas (each its own rank 0, its own collectives) or
+        # unrelated files; matching their collectives would compare what never waited on each other.
         return None
     ranked = sorted(ranked, key=lambda pair: (pair[0].rank, pair[0].label))
     parts = [part for part, _ in ranked]

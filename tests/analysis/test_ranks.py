@@ -222,6 +222,17 @@ def test_one_rank_has_no_section():
     assert "ranks" not in analyze_path(trace_path("a100-nccl-multistream.json.gz"))
 
 
+def test_a_rank_claimed_twice_is_not_compared(folder, tmp_path):
+    """Two data-parallel replicas each have a rank 0: their collectives never waited on each other."""
+    for name in ("rank0.json", "rank1.json"):
+        trace = json.loads((folder / name).read_text())
+        trace["distributedInfo"]["rank"] = 0
+        (tmp_path / name).write_text(json.dumps(trace))
+    summary = analyze_path(tmp_path)
+    assert "ranks" not in summary
+    assert any("rank 0 is claimed by 2 processes" in w for w in summary["warnings"]), summary["warnings"]
+
+
 def test_analyze_prints_ranks_side_by_side(folder, section):
     done = _analyze(str(folder))
     assert done.returncode == 0, done.stderr
