@@ -23,6 +23,7 @@ _COMMAND_MODULES = {
     "download": "sidecar.jobs_cli",
     "watch": "sidecar.jobs_cli",
     "metrics": "sidecar.jobs_cli",
+    "modules": "sidecar.modules_cli",
     "recorder": "sidecar.incident_cli",
     "stacks": "sidecar.incident_cli",
     "requests": "sidecar.incident_cli",

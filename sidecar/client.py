@@ -84,9 +84,18 @@ class SidecarClient:
             if status["state"] in FINAL:
                 return status
             if time.monotonic() > deadline:
-                kind = "scan" if path.startswith("/sync") else "capture"
+                kind = {"/sync": "scan", "/modules": "module timing"}.get(path.rstrip("/"), "capture")
                 raise JobTimeout(f"{kind} {capture_id} still {status['state']} after {timeout:.0f} s of waiting")
             time.sleep(poll)
+
+    def start_modules(self, steps: int, **params: Any) -> dict[str, Any]:
+        """Start a module-timing job (``/modules/start``); wait for it with ``wait(id, path="/modules/")``."""
+        clean = {k: v for k, v in params.items() if v is not None}
+        return self.request("POST", "/modules/start", {"steps": steps, **clean})
+
+    def modules(self, job_id: str) -> dict[str, Any]:
+        """A module timing's state and, once it ended, its tables (``/modules/{id}``)."""
+        return self.request("GET", f"/modules/{job_id}")
 
     def summary(self, capture_id: str) -> dict[str, Any]:
         return self.request("GET", f"/profile/{capture_id}/summary")

@@ -142,7 +142,7 @@ class Progress:
 
 def progress_line(status: dict[str, Any], elapsed_s: float) -> str:
     """``capture 2026...: capturing (3.2 s) · worker rank 0 recording 3/5 · engine core exporting``."""
-    kind = "scan" if str(status.get("id", "")).startswith("s") else "capture"
+    kind = {"s": "scan", "m": "module timing"}.get(str(status.get("id", ""))[:1], "capture")
     parts = [f"{kind} {status.get('id')}: {status.get('state')} ({elapsed_s:.1f} s)"]
     for p in status.get("processes", []):
         if isinstance(p, str):  # a scan's start answer lists labels only

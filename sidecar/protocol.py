@@ -30,6 +30,8 @@ probe → sidecar
               stacks_file?, stack_summary?, error?, stop_reason?}
   sync       {job_id, state, steps_recorded, steps_seen?, first_step?, treat_cpu_as_device, sites?,
               error?, stop_reason?}
+  modules    {job_id, state, steps_recorded, steps_seen?, first_step?, clock, rows?, hooks_before,
+              hooks_after, error?, stop_reason?}   a module-timing job: one row per module with "done"
   answer     {query_id, kind, data?, file?, error?}   the answer to a query (below)
   request_capture          {ask, request_id, steps}  a window process (the API server) asks for a
                                                    capture bound to one request, which waits for the
@@ -49,6 +51,8 @@ sidecar → probe
   arm        {spec: CaptureSpec}    the probe answers ``capture`` state=armed with steps_seen
                                     (``spec.request_id``: a capture bound to a request, below)
   sync_arm   {spec: SyncSpec}       the probe answers ``sync`` state=armed with steps_seen
+  module_arm {spec: ModuleSpec}     the probe answers ``modules`` state=armed with steps_seen, where
+                                    it knows its model (``ProcessIdentity.extra["model"]``)
   begin      {job_id, start_step}   record from this working step on, the same in every process
   stop       {job_id, reason}       end early, keeping what was recorded
   verdict    {job_id, state, reason?, steps, processes, trace_bytes, trace?}
@@ -218,6 +222,33 @@ class SyncSpec(msgspec.Struct, frozen=True, kw_only=True):
     steps: Steps
 
 
+class ModuleSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Time every ``nn.Module`` of this process's model for ``steps`` working steps (forward hooks)."""
+
+    id: JobId
+    steps: Steps
+
+
+# A process whose engine integration told its probe where the model is (``ProcessIdentity.extra``):
+# the module-timing job runs there, and only there.
+MODEL_EXTRA = "model"
+P_TIMING = "timing"  # a module-timing job's process state while its hooks are in
+ModuleState = Literal["armed", "timing", "done", "failed"]
+MAX_MODULE_ROWS = 20000  # one row per module of the model: far beyond any model's count
+
+
+class ModuleRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One module of the model, over the job's steps: its path (``named_modules``' name, "" for the
+    model itself), its class, how often it ran, and its time with and without the modules inside it."""
+
+    path: Text
+    type: Text
+    calls: Count
+    total_ns: Count
+    self_ns: Count
+    outer_ns: Count = 0  # of total_ns, the calls with no timed module around them (the forward's)
+
+
 # -- messages ------------------------------------------------------------------------------------------
 class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     pass
@@ -297,12 +328,25 @@ class SyncReport(_JobReport, tag="sync", kw_only=True):
     sites: list[dict[str, Any]] | None = None  # with "done" (sidecar.syncs.report)
 
 
+class ModuleReport(_JobReport, tag="modules", kw_only=True):
+    state: ModuleState
+    clock: Literal["cuda", "cpu"] = "cpu"  # what timed the modules: device events, or the host clock
+    rows: Annotated[list[ModuleRow], msgspec.Meta(max_length=MAX_MODULE_ROWS)] | None = None  # with "done"
+    # Forward hooks on the model before the job and after it removed its own: equal when it left nothing.
+    hooks_before: Count = 0
+    hooks_after: Count = 0
+
+
 class Arm(_Message, tag="arm", kw_only=True):
     spec: CaptureSpec
 
 
 class SyncArm(_Message, tag="sync_arm", kw_only=True):
     spec: SyncSpec
+
+
+class ModuleArm(_Message, tag="module_arm", kw_only=True):
+    spec: ModuleSpec
 
 
 class Begin(_Message, tag="begin", kw_only=True):
@@ -406,10 +450,11 @@ class ClockReply(_Message, tag="clock_reply", kw_only=True):
     probe_ns: Count  # time.time_ns() in the probe's process when the ``clock`` message was taken
 
 
-FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, Answer, RequestCapture, RequestCaptureRelease,
+FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, ModuleReport, Answer, RequestCapture, RequestCaptureRelease,
                   ClockReply, FileChunk]
-FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer, ClockProbe, Fetch]
-JobReport = Union[CaptureReport, SyncReport]
+FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer, ClockProbe, Fetch,
+                    ModuleArm]
+JobReport = Union[CaptureReport, SyncReport, ModuleReport]
 
 
 class _VersionOnly(msgspec.Struct):

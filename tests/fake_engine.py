@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--instance", default="", help="the engine instance this process belongs to")
     parser.add_argument("--grid-ms", type=float, default=None,
                         help="begin each working step on a multiple of MS of the host's true wall clock")
+    parser.add_argument("--model", action="store_true",
+                        help="a worker's step runs a small nn.Module model (ModelOfTheFake) and its probe knows it")
     parser.add_argument("--telemetry", action="store_true",
                         help="start the process's telemetry with the NVML and psutil samplers, as the vLLM plugin does")
     args = parser.parse_args()
@@ -113,8 +115,11 @@ def main() -> None:
         loop.run_until_complete(serve())
         return
     # On the GPU the probe finds CUDA and reads SIDECAR_SYNC_WATCH itself, as in a real engine.
-    probe = (Probe(args.role, args.rank, instance=args.instance).start() if on_gpu
-             else Probe(args.role, args.rank, cuda_available=False, sync_watch=watch, instance=args.instance).start())
+    model = ModelOfTheFake(args.size).to(x.device) if args.model else None
+    known = {"model": lambda: model} if model is not None else {}
+    probe = (Probe(args.role, args.rank, instance=args.instance, **known).start() if on_gpu
+             else Probe(args.role, args.rank, cuda_available=False, sync_watch=watch, instance=args.instance,
+                        **known).start())
     taken = 0
     while True:
         has_work = args.steps_then_idle is None or taken < args.steps_then_idle
@@ -126,7 +131,7 @@ def main() -> None:
         if has_work and args.slow_step_at and (taken + 1) % args.slow_step_at == 0:
             time.sleep(args.slow_step_ms / 1000)  # a slow step, inside the step
         if has_work:
-            total = (x @ x).sum()
+            total = (model(x) if model is not None else x @ x).sum()
             if args.planted_sync:
                 total.item()  # PLANTED_LINE
             if fake_sync is not None:
@@ -136,6 +141,22 @@ def main() -> None:
         time.sleep(args.step_ms / 1000 if has_work else 0.05)
         if not has_work:
             threading.Event().wait()  # an idle engine blocks waiting for work, taking no steps
+
+
+class ModelOfTheFake(torch.nn.Module):
+    """Two blocks of attention-like and MLP-like layers: module paths and types to time."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict({"norm": torch.nn.LayerNorm(size), "mlp": torch.nn.Sequential(
+                torch.nn.Linear(size, 2 * size), torch.nn.GELU(), torch.nn.Linear(2 * size, size))})
+            for _ in range(2))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block["mlp"](block["norm"](x))
+        return x
 
 
 def hang_inside_a_step() -> None:

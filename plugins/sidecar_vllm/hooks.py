@@ -42,6 +42,7 @@ from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR, TELEMETRY_ATTR  #
 
 from . import capture_end
 from .phase_scopes import api_server_scopes, engine_core_scopes, worker_scopes
+from .model_locator import worker_model
 from .profile import ROLE_API_SERVER, ROLE_ENGINE_CORE, ROLE_WORKER, VLLM_PROFILE
 from .request_capture import attach_request_captures
 from .requests_view import requests_in_flight
@@ -124,7 +125,8 @@ def _wrap_worker_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         rank = getattr(self, "rank", None)
-        _attach_probe(self, ROLE_WORKER, rank, phase_scopes=worker_scopes())
+        # The probe is told where the model is (model_locator.py): the module-timing job hooks it.
+        _attach_probe(self, ROLE_WORKER, rank, phase_scopes=worker_scopes(), model=lambda: worker_model(self))
         _attach_telemetry(self, ROLE_WORKER, rank, steps=True)
 
     return __init__

@@ -22,6 +22,8 @@ from threading import get_ident
 from time import time_ns
 from typing import Any, Callable
 
+import msgspec
+
 from .. import config
 from ..engine import GENERIC, EngineProfile
 from ..protocol import (
@@ -55,6 +57,8 @@ from .limits import ProbeLimits
 from .link import SidecarLink
 from .queries import QueryAnswerer
 from .recorder import StepCapture, WindowCapture, stack_mode
+from ..protocol import MODEL_EXTRA, ModuleArm, ModuleReport, ModuleSpec
+from .module_job import ModuleTiming
 from .request_capture import RequestCaptureAsks
 from .trace_root import TraceRoot
 from .watchdog import Watchdog, threshold_from_environment
@@ -102,6 +106,7 @@ class Probe:
         watchdog_s: float | None = None,
         request_ring: bool | None = None,
         instance: str = "",
+        model: Callable[[], Any] | None = None,
         phase_scopes: Callable[[bool], None] | None = None,
     ) -> None:
         """``role``: one of ``profile.roles`` (ValueError otherwise). ``loop``: the asyncio loop a
@@ -123,12 +128,20 @@ class Probe:
         self.identity: ProcessIdentity = profile.identity(role, rank, cuda=cuda_available, instance=instance)
         # The sidecar refuses a hello it cannot decode and the link would retry it forever: check it
         # here, once, so a bad identity (a negative rank) fails the probe's start, loudly.
+        if model is not None:  # the sidecar sends its module-timing jobs only where a model is
+            self.identity = msgspec.structs.replace(self.identity, extra={**self.identity.extra, MODEL_EXTRA: True})
         decode_hello(encode(Hello(protocol=PROTOCOL_VERSION, process=self.identity, nonce="0" * 64)))
         self.trace_root = TraceRoot(trace_root if trace_root is not None else config.trace_dir())
         self.limits = limits if limits is not None else ProbeLimits.from_environment()
         self.steps = 0  # forward steps since start (steps with work)
         self._capture: StepCapture | None = None
-        self._scan = None  # a sidecar.syncs.SyncScan while a hidden-sync scan runs
+        # The second slot: a sidecar.syncs.SyncScan while a hidden-sync scan runs, or a ModuleTiming
+        # while a module-timing job does (one job at a time across kinds: they never meet here, and
+        # the step path reads one slot for both).
+        self._scan = None
+        # ``model``: the engine integration's way to this process's model (a callable: engines build
+        # their model after the object the probe is attached to), for the module-timing job.
+        self._model = model
         self._loop = loop  # asyncio loop for window captures (API server)
         self._on_capture_report = on_capture_report  # also told of window captures (capture spans)
         # The always-on sync watch (sidecar.syncs.watch), step-driven processes only; None when off.
@@ -282,6 +295,8 @@ class Probe:
                 self._arm(spec)
             case SyncArm(spec=spec):
                 self._arm_scan(spec)
+            case ModuleArm(spec=spec):
+                self._arm_modules(spec)
             case Begin(job_id=job_id, start_step=start_step):
                 job = self._job(job_id)
                 if job is not None:
@@ -344,6 +359,25 @@ class Probe:
                                     self.limits, stacks, self._phase_scopes, self.profile.phase_table(self.identity.role))
             self._capture = capture
             capture.start_window()
+
+    def _arm_modules(self, spec: ModuleSpec) -> None:
+        """A module-timing job in the second slot (module_job.py); refused where no model is known."""
+        current = self._scan
+        problem = None
+        if current is not None and not current.finished:
+            problem = f"job {current.spec.id} still running here"
+        elif self._model is None:
+            problem = "this process has no model known to its probe"
+        else:
+            problem = self.limits.steps_problem(spec.steps)
+        if problem is not None:
+            log.warning("inference-sidecar: module timing %s refused: %s", spec.id, problem)
+            self._link.send(ModuleReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
+            return
+        job = ModuleTiming(spec, self._link.send, self._model, self._exporter, cuda=self.identity.cuda)
+        job.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
+        self._scan = job
+        job.report_armed(self.steps)
 
     def _arm_scan(self, spec: SyncSpec) -> None:
         current = self._scan

@@ -23,6 +23,9 @@ from .incident_routes import add_incident_routes
 from .captures import Capture, CaptureManager
 from .job_board import JobBoard
 from .keys import CAPTURES, JOBS, QUERIES, REGISTRY, SCANS, SETTINGS, TRIGGERS
+from .keys import MODULES
+from .module_jobs import ModuleManager
+from .module_routes import add_module_routes
 from .metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, PUSH_LISTENERS, add_metrics_routes
 from .openapi import OPENAPI_PATH, openapi_json
 from .page_routes import add_page_routes, unauthorized_page
@@ -117,6 +120,10 @@ def make_app(settings: ServiceSettings) -> web.Application:
     app[SCANS] = ScanManager(registry, board, settings.trace_dir / "scans", keep=settings.keep,
                              keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, on_finished=SyncFindings(app[METRICS_REGISTRY]).observe)
 
+    # Module timing (module_jobs.py): the third kind of job, on the same board.
+    app[MODULES] = ModuleManager(registry, board, settings.trace_dir / "modules", keep=settings.keep,
+                                 keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s)
+
     async def lifecycle(app: web.Application):
         yield
         await app[TRIGGERS].close()
@@ -130,6 +137,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
     add_capture_routes(app)
     add_diff_routes(app)
     add_scan_routes(app)
+    add_module_routes(app)
     add_incident_routes(app)
     app.add_routes([web.get("/processes", processes), web.get("/healthz", healthz)])
     # The API's OpenAPI document (docs/api.md, "OpenAPI"); behind the token like every endpoint but /healthz.

@@ -9,7 +9,7 @@ from aiohttp import web
 from .. import config
 from .disk_space import DiskFull
 from .job_manager import JobManager
-from .jobs import CAPTURE, SCAN, Job, JobBusy, NoProbes
+from .jobs import CAPTURE, MODULES, SCAN, Job, JobBusy, NoProbes
 from .keys import REGISTRY, SETTINGS
 from .responses import json_error, start_params
 
@@ -17,6 +17,7 @@ from .responses import json_error, start_params
 _BUSY = {
     CAPTURE.name: ("capture_in_progress", "capture {id} is {state}; wait for it or POST /profile/stop"),
     SCAN.name: ("scan_in_progress", "sync scan {id} is {state}; wait for it or POST /sync/stop"),
+    MODULES.name: ("module_timing_in_progress", "module timing {id} is {state}; wait for it or POST /modules/stop"),
 }
 
 # The fixed words after a job kind's prefix (/profile/stop, /sync/start): never an id. Its routes' {id}

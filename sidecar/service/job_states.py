@@ -24,9 +24,10 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ..verdicts import CANCELLED, DONE, FAILED, FINAL, PARTIAL
-from ..protocol import P_ARMED, P_CAPTURING, P_DONE, P_EXPORTING, P_FAILED, P_SCANNING
+from ..protocol import P_ARMED, P_CAPTURING, P_DONE, P_EXPORTING, P_FAILED, P_SCANNING, P_TIMING
 
 ARMED, CAPTURING, SCANNING, EXPORTING = "armed", "capturing", "scanning", "exporting"
+TIMING = "timing"  # a module-timing job: its hooks are in, in at least one process
 
 # A per-process state only the sidecar gives: disconnected, silent after "arm", or not stopped
 # within the grace period after a stop request.
@@ -64,6 +65,17 @@ CAPTURE_PROCESS_STATES: Table = MappingProxyType({
 SCAN_PROCESS_STATES: Table = MappingProxyType({
     P_ARMED: frozenset({P_SCANNING, P_FAILED, P_LOST}),
     P_SCANNING: frozenset({P_DONE, P_FAILED, P_LOST}),
+})
+
+# A module-timing job, as a scan: its tables are merged at once, nothing to export.
+MODULE_STATES: Table = MappingProxyType({
+    ARMED: frozenset({TIMING, *FINAL}),
+    TIMING: JUDGED,
+})
+
+MODULE_PROCESS_STATES: Table = MappingProxyType({
+    P_ARMED: frozenset({P_TIMING, P_FAILED, P_LOST}),
+    P_TIMING: frozenset({P_DONE, P_FAILED, P_LOST}),
 })
 
 

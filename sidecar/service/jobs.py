@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..protocol import CaptureReport, P_ARMED, P_DONE, ProcessIdentity, SyncReport
+from ..protocol import CaptureReport, ModuleReport, P_ARMED, P_DONE, ProcessIdentity, SyncReport
 from . import job_states as st
 
 if TYPE_CHECKING:
@@ -51,6 +51,12 @@ SCAN = JobKind(
     name="scan", id_prefix="s", running=st.SCANNING, states=st.SCAN_STATES,
     process_states=st.SCAN_PROCESS_STATES, report=SyncReport, recorded="scanned",
     grace_error="did not stop within the grace period (idle engine?)",
+)
+# Module timing (module_jobs.py): hooks on every nn.Module of the model for N steps.
+MODULES = JobKind(
+    name="module timing", id_prefix="m", running=st.TIMING, states=st.MODULE_STATES,
+    process_states=st.MODULE_PROCESS_STATES, report=ModuleReport, recorded="timed",
+    grace_error="did not stop within the grace period: the hooks come out on the engine's own step (idle engine?)",
 )
 
 

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from .captures import CaptureManager
 from .job_board import JobBoard
+from .module_jobs import ModuleManager
 from .queries import QueryBroker
 from .registry import ProbeRegistry
 from .scans import ScanManager
@@ -17,5 +18,6 @@ REGISTRY = web.AppKey("registry", ProbeRegistry)
 JOBS = web.AppKey("jobs", JobBoard)
 CAPTURES = web.AppKey("captures", CaptureManager)
 SCANS = web.AppKey("scans", ScanManager)
+MODULES = web.AppKey("modules", ModuleManager)
 QUERIES = web.AppKey("queries", QueryBroker)
 TRIGGERS = web.AppKey("triggers", Triggers)

@@ -18,12 +18,13 @@ from aiohttp import hdrs, web
 from .. import __version__, auth, config
 from ..protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ, METRICS_PUSH_PATH, PROBE_WS_PATH
 from .diff_routes import DIFF_FORMATS
-from .jobs import CAPTURE, SCAN
+from .jobs import CAPTURE, MODULES, SCAN
 from .keys import SETTINGS
 from .metrics_receiver import DECODED_ENCODINGS, MAX_BODY_BYTES, PROTOBUF, SCRAPE_PATH
 from .params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFAULT_STACKS_HZ, KNOWN, MAX_INSTANCE, MAX_STACKS_HZ,
                      MIN_STACK_HZ, RECORDER_FORMATS, SCAN_KNOWN, STACK_MODES, STACKS_FORMATS, STACKS_MODES,
                      STACKS_THREADS, known_roles)
+from .params import MAX_MODULE_STEPS, MODULES_KNOWN
 from ..protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
 from . import trigger_rules as tr
 from .request_body import FORM, JSON, MULTIPART
@@ -122,7 +123,7 @@ def _ok(description: str, required: list[str] | None = None, content_type: str =
 
 _STARTED = ["id", "state", "url", "processes"]
 _STOPPED = ["id", "state", "url"]
-_BUSY = "another job runs (capture_in_progress or scan_in_progress, with active)"
+_BUSY = "another job runs (capture_in_progress, scan_in_progress or module_timing_in_progress, with active)"
 
 
 def _start(kind: str, names: set[str]) -> dict[str, Any]:
@@ -221,6 +222,16 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", "/sync/{id}"): {"summary": "a scan", "path": [_path_param("id", id_pattern(SCAN))],
                             "responses": {"200": _ok("the scan", ["id", "state"]), "404": _error("no such scan")}},
     ("GET", "/syncs"): {"summary": "recent scans, newest first", "responses": {"200": _ok("the scans", ["scans"])}},
+    **{(m, "/modules/start"): {**_start("module timing", MODULES_KNOWN), "max_steps": MAX_MODULE_STEPS}
+       for m in ANY_METHOD},
+    ("POST", "/modules/stop"): {"summary": "stop the running module timing early", "responses": {
+        "200": _ok("the module timing, stopped", _STOPPED), "409": _error("no_active_module_timing")}},
+    ("GET", "/modules/{id}"): {"summary": "a module timing: time per module and module type",
+                               "path": [_path_param("id", id_pattern(MODULES))],
+                               "responses": {"200": _ok("the module timing", ["id", "state"]),
+                                             "404": _error("no such module timing")}},
+    ("GET", "/modules"): {"summary": "recent module timings, newest first",
+                          "responses": {"200": _ok("the module timings", ["jobs"])}},
     ("GET", "/syncs/watch"): {"summary": "the always-on sync watch of every connected process", "responses": {
         "200": _ok("processes and sites", ["processes", "sites"])}},
     ("GET", "/recorder"): {
@@ -324,9 +335,10 @@ def build_document(app: web.Application) -> dict[str, Any]:
             op["description"] = spec["description"]
         parameters = list(spec.get("path", [])) + list(spec.get("headers", [])) + list(spec.get("query", []))
         if "params" in spec:
-            parameters += _query_parameters(spec["params"], max_steps)
+            steps_max = min(max_steps, spec.get("max_steps", max_steps))  # a kind's own cap (module timing)
+            parameters += _query_parameters(spec["params"], steps_max)
             if method == "POST":
-                op["requestBody"] = _body(spec["params"], max_steps)
+                op["requestBody"] = _body(spec["params"], steps_max)
         if "body" in spec:
             op["requestBody"] = spec["body"]
         if parameters:

@@ -21,6 +21,10 @@ MIN_STACK_HZ = 1.0
 KNOWN = {"steps", "activities", "delay", "processes", "instance", "timeout_s", "with_stack", "stacks", "stack_hz",
          *BOOLEAN_OPTIONS}
 SCAN_KNOWN = {"steps", "delay", "processes", "instance", "timeout_s", "baseline"}
+MODULES_KNOWN = {"steps", "delay", "processes", "instance", "timeout_s"}
+# A module-timing job keeps one record per module call until it ends (two timing events each on a
+# GPU): a few steps answer "which layer is slow"; hundreds only cost memory.
+MAX_MODULE_STEPS = 100
 MAX_INSTANCE = 128
 
 # A number in a parameter is ASCII digits, nothing else: int() and float() also take other scripts'
@@ -243,6 +247,19 @@ def parse_capture_request(params: Mapping[str, str], max_steps: int,
         timeout_s=_timeout(params.get("timeout_s")),
         **{name: _bool(params, name) for name in BOOLEAN_OPTIONS},
         **dict(zip(("stacks", "stack_hz"), _stacks(params))),
+    )
+
+
+def parse_module_request(params: Mapping[str, str], max_steps: int,
+                         connected_roles: Iterable[str] = ()) -> JobRequest:
+    """``/modules/start``: steps (at most ``MAX_MODULE_STEPS``), delay, processes, instance, timeout_s."""
+    _reject_unknown(params, MODULES_KNOWN)
+    return JobRequest(
+        steps=_int(params, "steps", 1, min(max_steps, MAX_MODULE_STEPS)),
+        delay=_int(params, "delay", 0, max_steps, default=0),
+        processes=_processes(params.get("processes"), known_roles(connected_roles)),
+        instance=_instance(params.get("instance")),
+        timeout_s=_timeout(params.get("timeout_s")),
     )
 
 

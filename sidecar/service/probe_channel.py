@@ -32,6 +32,7 @@ from .. import auth
 from ..protocol import (CLOSE_REFUSED, PROBE_MARKERS_DIR, PROBE_WS_PATH, Answer, CaptureReport, Challenge, ClockReply,
                         FileChunk, Heartbeat, Hello, Proof, ProtocolError, ProtocolVersionError, RequestCapture,
                         RequestCaptureRelease, SyncReport, decode_from_probe, decode_hello, encode)
+from ..protocol import ModuleReport
 from . import file_fetch
 from .clock_sync import keep_probing
 from .job_board import JobBoard
@@ -158,7 +159,7 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, registry: Pro
             continue
         if isinstance(msg, Heartbeat):
             registry.observe_heartbeat(conn, msg, time.time())
-        elif isinstance(msg, (CaptureReport, SyncReport)):
+        elif isinstance(msg, (CaptureReport, SyncReport, ModuleReport)):
             await jobs.on_report(conn, msg)
         elif isinstance(msg, Answer):
             queries.on_answer(conn, msg)

@@ -26,12 +26,14 @@ import zlib
 from pathlib import Path
 from urllib.parse import quote
 
+import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sidecar import config
 from sidecar.protocol import Answer, Arm, CaptureReport, Query, Stop, SyncArm, SyncReport
+from sidecar.protocol import MODEL_EXTRA, ModuleArm, ModuleReport
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.service.keys import JOBS, QUERIES, REGISTRY
 from sidecar.service.openapi import build_document
@@ -59,7 +61,7 @@ def _document() -> dict:
 DOCUMENT = _document()
 OPERATIONS = [(method.upper(), path, op) for path, item in sorted(DOCUMENT["paths"].items())
               for method, op in sorted(item.items()) if not op.get("x-websocket")]
-START_PATHS = {"/profile/start", "/sync/start"}
+START_PATHS = {"/profile/start", "/sync/start", "/modules/start"}
 # Start parameters whose valid values are valid together (stack_hz needs stacks, activities=cuda a CUDA
 # process, processes=api_server alone selects no stepping process, baseline an earlier scan).
 COMBINE_FREELY = {"steps", "delay", "timeout_s", "stacks", *BOOLEAN_OPTIONS}
@@ -76,13 +78,16 @@ class AnsweringProbe(FakeWebSocket):
         self._app = app
         self._tasks: set[asyncio.Task] = set()
         self._report: dict[str, type] = {}
-        self.conn = app[REGISTRY].add(identity(role, rank), self)
+        ident = identity(role, rank)
+        if role == "worker":  # a worker whose probe knows its model: module timing runs there
+            ident = msgspec.structs.replace(ident, extra={MODEL_EXTRA: True})
+        self.conn = app[REGISTRY].add(ident, self)
 
     async def send_str(self, text: str) -> None:
         await super().send_str(text)
         msg = self.sent.pop()  # keep nothing: hundreds of examples
-        if isinstance(msg, (Arm, SyncArm)):
-            kind = self._report[msg.spec.id] = CaptureReport if isinstance(msg, Arm) else SyncReport
+        if isinstance(msg, (Arm, SyncArm, ModuleArm)):
+            kind = self._report[msg.spec.id] = {Arm: CaptureReport, SyncArm: SyncReport, ModuleArm: ModuleReport}[type(msg)]
             self._answer(kind, msg.spec.id, "armed", steps_seen=100)
         elif isinstance(msg, Stop) and (kind := self._report.pop(msg.job_id, None)) is not None:
             self._answer(kind, msg.job_id, "failed", error=f"no step recorded before the job ended ({msg.reason})")
@@ -138,7 +143,7 @@ class Sidecar:
             return resp.status, resp.content_type, await resp.read()
 
     def stop_jobs(self) -> None:
-        for path in ("/profile/stop", "/sync/stop"):
+        for path in ("/profile/stop", "/sync/stop", "/modules/stop"):
             status, _, raw = self.request("POST", path, None, {})
             assert status in (200, 409), (path, status, raw)
 
@@ -314,7 +319,7 @@ def fill(path: str, values: dict[str, str], known_ids: list[str]) -> str:
 
 
 # Examples per operation: the start routes have the most to explore.
-EXAMPLES = {"/profile/start": 250, "/sync/start": 200}
+EXAMPLES = {"/profile/start": 250, "/sync/start": 200, "/modules/start": 200}
 DEFAULT_EXAMPLES = 40
 
 

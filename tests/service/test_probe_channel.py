@@ -184,8 +184,8 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     assert status["files"][f"{stem}.pt.trace.json.gz"] == f"/profile/{capture_id}/files/{stem}.pt.trace.json.gz"
     assert status["options"] == {"activities": "host default", "record_shapes": False, "with_stack": True,
                                  "stacks": "sampled", "stack_hz": 1000.0,
-                                 "profile_memory": False, "with_flops": False, "timeout_s": 120.0, "processes": "all",
-                                 "instance": None}
+                                 "profile_memory": False, "with_flops": False, "with_modules": False, "timeout_s": 120.0,
+                                 "processes": "all", "instance": None}
     assert list(status["processes"][0]) == ["role", "pid", "rank", "label", "instance", "state", "steps_recorded",
                                             "first_step",
                                             "file", "bytes", "error", "stacks", "stack_summary", "step_thread_ms",
