@@ -8,21 +8,33 @@ worst gap in an equally long window just before it. Then a server without the pl
 (issue 15): every option under 100 ms added; stacks at most a tenth of vLLM's stacks.
 
 Also per option: the capture's trace size, its end-to-end time (start to summary), and for sampled
-stacks the sampler's CPU time per recorded step in the engine core and the worker.
+stacks the sampler's CPU time per recorded step in the engine core and the worker. And where each
+round's worst gap came from (capture_anatomy.py): the engine core's and the worker's steps it spans,
+named by their place in the capture (start, recorded, stop, after the stop while exporting), from the
+flight recorder, beside the capture's timeline.
+
+The clients start 0.7 s apart (``--stagger``), as in steady serving. Started together, as before
+2026-11-26, they stay in step: all eight send their next prompt in the same engine step, one prefill
+step of about 2.5 typical steps every 64 tokens (about 5.5 s here), and with the capture 5 s in,
+that step fell inside the capture's window and not the window before it, round after round: it read
+as 100-170 ms of "stall" that no capture caused. The option ``no capture (control)`` measures the
+same windows with no capture (``--control-s`` long): what the measure reads when nothing is captured.
 
 The model runs in float32 unless --dtype says otherwise: on a CPU without native bf16 the 126M model
 in bf16 is several times slower per token, and a slow step hides stalls in ordinary gaps.
 
-python benchmarks/bench_capture_options.py [--model DIR] [--dtype float32] [--rounds 1] [--out bench-results/capture_options.json]
+python benchmarks/bench_capture_options.py [--model DIR] [--dtype float32] [--rounds 1] [--only NAMES] [--stagger 0.7] [--skip-vllm] [--out bench-results/capture_options.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -32,12 +44,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "plugins")]
 
-from bench_capture import CONCURRENCY, MAX_TOKENS, load_for, stall_during  # noqa: E402
+from bench_capture import CONCURRENCY, MAX_TOKENS, load_for  # noqa: E402
+from capture_anatomy import StatePoller, anatomy, describe, worst_gap  # noqa: E402
+from sidecar.devtools.traffic import run_load  # noqa: E402
 from sidecar.client import SidecarClient  # noqa: E402
 from sidecar.devtools.local_model import build_model  # noqa: E402
 from sidecar_vllm.devtools import VllmStack as Stack  # noqa: E402
 
+CONTROL = "no capture (control)"
 OPTIONS: dict[str, dict] = {
+    CONTROL: {},
     "none": {},
     "none (engine core and worker only)": {"processes": "engine_core,worker"},
     "stacks=sampled": {"stacks": "sampled"},
@@ -54,9 +70,9 @@ def added(m: dict) -> float:
     return round(max(0.0, m["max_gap_ms_during_capture"] - m["max_gap_ms_before_capture"]), 2)
 
 
-def sidecar_capture(stack: Stack, params: dict) -> dict:
+def sidecar_capture(stack: Stack, params: dict, poller: StatePoller | None = None) -> dict:
     client = SidecarClient(stack.sidecar_url)
-    status = client.wait(client.start(5, **params)["id"], timeout=300)
+    status = client.wait(client.start(5, **params)["id"], timeout=300, on_poll=poller)
     out = {"state": status["state"], "trace_bytes": status["trace_bytes"],
            "end_to_end_s": round((status["finished_at"] or 0) - status["created_at"], 2)}
     for p in status["processes"]:
@@ -66,17 +82,71 @@ def sidecar_capture(stack: Stack, params: dict) -> dict:
         if s and p["steps_recorded"]:
             out[f"sampler_cpu_ms_per_step[{p['role']}]"] = round(1000 * s["sampler_cpu_s"] / p["steps_recorded"], 2)
             out[f"samples[{p['role']}]"] = s["samples"]
+    out["status"] = status
     return out
+
+
+class StaggeredLoad(threading.Thread):
+    """The benchmark's load on a thread: ``CONCURRENCY`` streaming clients, client ``n`` starting
+    ``n * stagger`` seconds after the first (traffic.run_load)."""
+
+    def __init__(self, stack: Stack, seconds: float, stagger: float) -> None:
+        super().__init__(daemon=True)
+        self.stack, self.seconds, self.stagger, self.result = stack, seconds, stagger, None
+
+    def run(self) -> None:
+        self.result = asyncio.run(run_load(self.stack.server_url, self.stack.served_name, concurrency=CONCURRENCY,
+                                           duration_s=self.seconds, max_tokens=MAX_TOKENS, stagger_s=self.stagger))
+
+
+def window_round(stack: Stack, trigger, args: argparse.Namespace, anatomy_of: bool = False) -> dict:
+    """One capture by ``trigger`` under load: the worst gap during it (from the start request to
+    0.5 s after it returned) against the worst gap in an equally long window just before it, with
+    every client started 5 s before. With ``anatomy_of`` (ours), where the worst gap came from:
+    the load's token arrivals, the capture's status over time, the flight recorder."""
+    ramp = args.stagger * (CONCURRENCY - 1)  # the last client's start
+    lt = StaggeredLoad(stack, args.seconds + ramp, args.stagger)
+    lt.start()
+    time.sleep(5 + ramp)
+    t0 = time.time()
+    poller = StatePoller() if anatomy_of else None
+    info = trigger(poller)
+    t1 = time.time() + 0.5  # tokens delayed by the capture arrive just after it ends
+    lt.join()
+    result = lt.result
+    status = info.pop("status", None)
+    out = {
+        "capture_window_s": round(t1 - t0, 3),
+        "max_gap_ms_during_capture": round(result.max_gap_ms(t0, t1), 2),
+        "max_gap_ms_before_capture": round(result.max_gap_ms(t0 - (t1 - t0), t0), 2),
+        "mean_itl_ms": round(result.mean_itl_ms(), 2),
+        "failures": len(result.failures),
+        **info,
+    }
+    if anatomy_of:
+        recorder = SidecarClient(stack.sidecar_url).request("GET", "/recorder", {"seconds": round(time.time() - t0 + 12, 1)})
+        out["anatomy"] = anatomy(status or {}, recorder, worst_gap(result, t0, t1), t0, poller.seen)
+    return out
+
+
+def control(seconds: float) -> dict:
+    """No capture at all: the same window, as long as a plain capture takes. What this measure reads
+    when nothing is captured is the floor of the measure itself, not a capture's cost."""
+    time.sleep(seconds)
+    return {"state": "no capture", "trace_bytes": 0, "end_to_end_s": seconds}
 
 
 def measure(stack: Stack, trigger, args: argparse.Namespace, label: str) -> dict:
     """``args.rounds`` captures by ``trigger`` under load: every round's figures and the median stall."""
     runs = []
     for _ in range(args.rounds):
-        m = stall_during(stack, trigger, seconds=args.seconds)
+        m = trigger()
         m["added_ms"] = added(m)
         runs.append(m)
-        print(f"bench: {label} {m}", flush=True)
+        shown = {k: v for k, v in m.items() if k != "anatomy"}
+        print(f"bench: {label} {shown}", flush=True)
+        if "anatomy" in m:
+            print(describe(m["anatomy"]), flush=True)
     return {"runs": runs, "added_ms": statistics.median(r["added_ms"] for r in runs)}
 
 
@@ -115,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=14.0, help="load per measurement")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "capture_options.json")
     parser.add_argument("--only", default=None, help="comma-separated option names to measure (default: all)")
+    parser.add_argument("--stagger", type=float, default=0.7,
+                        help="seconds between the clients' starts (0: all at once, as before 2026-11-26)")
+    parser.add_argument("--control-s", type=float, default=1.3,
+                        help="the control's window: about as long as a plain capture takes")
+    parser.add_argument("--skip-vllm", action="store_true",
+                        help="leave out vLLM's built-in profiler (no ratio; for a quick look at ours)")
     args = parser.parse_args(argv)
     options = {k: v for k, v in OPTIONS.items() if args.only is None or k in args.only.split(",")}
     if not (args.model / "config.json").exists():
@@ -130,17 +206,29 @@ def main(argv: list[str] | None = None) -> int:
         stack.wait_for_processes(3)
         load_for(stack, 3)  # warm-up
         for name, params in options.items():
-            report["ours"][name] = measure(stack, lambda: sidecar_capture(stack, params), args,
-                                           f"ours {name:<22}")
+            if name == CONTROL:
+                trigger = lambda: window_round(stack, lambda _poller: control(args.control_s), args)  # noqa: E731
+            else:
+                trigger = lambda: window_round(  # noqa: E731
+                    stack, lambda poller: sidecar_capture(stack, params, poller), args, anatomy_of=True)
+            report["ours"][name] = measure(stack, trigger, args, f"ours {name:<22}")
 
+    if args.skip_vllm:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+        for name, r in report["ours"].items():
+            print(f"  {name:<24} stall added {r['added_ms']:>7.1f} ms (rounds: {[x['added_ms'] for x in r['runs']]})")
+        print(f"  results: {args.out}")
+        return 0
     tdir = work / "vllm-traces"
     cfg = {"profiler": "torch", "torch_profiler_dir": str(tdir)}  # vLLM's defaults: with_stack on
     with Stack(model_dir=args.model, work_dir=work / "vllm", dtype=args.dtype, plugin_enabled=False,
                server_args=("--profiler-config", json.dumps(cfg))) as stack:
         stack.start_server(timeout=600)
         load_for(stack, 3)
-        report["vllm"]["with_stack (default)"] = measure(stack, lambda: vllm_capture(stack, tdir), args,
-                                                          "vLLM built-in (with_stack)")
+        report["vllm"]["with_stack (default)"] = measure(
+            stack, lambda: window_round(stack, lambda _poller: vllm_capture(stack, tdir), args), args,
+            "vLLM built-in (with_stack)")
 
     theirs = report["vllm"]["with_stack (default)"]["added_ms"]
     ours_stacks = report["ours"].get("stacks=sampled", {}).get("added_ms")

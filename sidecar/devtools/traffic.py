@@ -109,10 +109,14 @@ async def stream_one(session: aiohttp.ClientSession, url: str, model: str, promp
 
 
 async def run_load(url: str, model: str, *, concurrency: int = 8, requests: int | None = None,
-                   duration_s: float | None = None, max_tokens: int = 64, stop=None) -> LoadResult:
+                   duration_s: float | None = None, max_tokens: int = 64, stop=None,
+                   stagger_s: float = 0.0) -> LoadResult:
     """``concurrency`` clients, each streaming requests back to back until ``requests`` in total
     were sent or ``duration_s`` passed (whichever is given; both bound the run), or ``stop`` (a
-    threading.Event) is set."""
+    threading.Event) is set. ``stagger_s``: client ``n`` starts ``n * stagger_s`` seconds after the
+    first. Clients started together stay in step (every request is as long), so all of them send
+    their next prompt in the same engine step, one long prefill step per request length; staggered,
+    the prompts are spread over the steps as in steady serving."""
     if requests is None and duration_s is None:
         raise ValueError("give requests or duration_s")
     results: list[RequestResult] = []
@@ -122,6 +126,8 @@ async def run_load(url: str, model: str, *, concurrency: int = 8, requests: int 
 
     async def client(n: int, session: aiohttp.ClientSession) -> None:
         nonlocal sent
+        if stagger_s > 0 and n:
+            await asyncio.sleep(n * stagger_s)
         i = 0
         while ((requests is None or sent < requests) and (deadline is None or time.monotonic() < deadline)
                and not (stop is not None and stop.is_set())):
