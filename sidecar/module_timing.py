@@ -30,9 +30,10 @@ def hook_count(model: Any) -> int:
 
 
 class ModuleTimer:
-    def __init__(self, model: Any, cuda: bool = False) -> None:
+    def __init__(self, model: Any, cuda: bool = False, event: Any = None) -> None:
+        """``event``: the timing-event class on CUDA (default ``torch.cuda.Event``)."""
         self._model = model
-        self._cuda = cuda
+        self._cuda = cuda or event is not None
         self._paths: list[str] = []
         self._types: list[str] = []
         self._handles: list[Any] = []
@@ -44,7 +45,7 @@ class ModuleTimer:
         # CUDA: one entry per call, [index, start event, end event, parent call or -1]; the stack holds
         # call numbers.
         self._calls: list[list] = []
-        self._event = None
+        self._event = event
 
     @property
     def handles(self) -> list[Any]:
@@ -52,7 +53,7 @@ class ModuleTimer:
 
     def install(self) -> None:
         """On the thread whose calls are to be timed (the step thread)."""
-        if self._cuda:
+        if self._cuda and self._event is None:
             import torch
 
             self._event = torch.cuda.Event

@@ -27,7 +27,7 @@ def llama(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     folder = build_model(tmp_path_factory.mktemp("model") / "tiny", size="tiny")
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return model, model.config.num_hidden_layers
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -50,6 +51,8 @@ def test_every_module_is_timed_and_self_times_add_up_to_the_forward(llama):
     # The outermost call holds every other: the self times share its time out exactly.
     assert sum(r["self_ns"] for r in rows.values()) == rows[""]["total_ns"]
     assert all(0 <= r["self_ns"] <= r["total_ns"] for r in rows.values())
+    # Only the model's own calls had no timed module around them: the forward is theirs.
+    assert rows[""]["outer_ns"] == rows[""]["total_ns"] and not any(r["outer_ns"] for p, r in rows.items() if p)
     # Nothing left: no hook on any module, and every handle's id gone from every dict it was in.
     assert hook_count(llama) == 0 and no_hooks_left(llama)
     assert not timer.handles
@@ -132,4 +135,37 @@ def test_a_forward_that_raises_still_unwinds_its_calls(llama):
     timer.remove()
     rows = {r["path"]: r for r in timer.rows()}
     assert rows[""]["calls"] == 2 and rows["model.layers.0"]["calls"] == 1
+    assert no_hooks_left(llama)
+
+
+class HostEvent:
+    """torch.cuda.Event's interface on the host clock: the event bookkeeping of the CUDA path (nesting,
+    self and outermost time from event pairs) checked where there is no GPU; tests/gpu has none of it."""
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at = None
+        self.waited = False
+
+    def record(self):
+        self.at = time.perf_counter_ns()
+
+    def synchronize(self):
+        self.waited = True
+
+    def elapsed_time(self, end):
+        assert end.waited, "read before the end event was waited for"
+        return (end.at - self.at) / 1e6  # ms, as CUDA's
+
+
+def test_the_event_path_nests_calls_as_the_host_clock_path_does(llama):
+    timer = ModuleTimer(llama, event=HostEvent)
+    timer.install()
+    for _ in range(2):
+        forward(llama)
+    timer.remove()
+    rows = {r["path"]: r for r in timer.rows()}
+    assert rows[""]["calls"] == 2 and rows["model.layers.0.mlp.down_proj"]["calls"] == 2
+    assert rows[""]["outer_ns"] == rows[""]["total_ns"] and rows["model.layers.0"]["outer_ns"] == 0
+    assert sum(r["self_ns"] for r in rows.values()) == pytest.approx(rows[""]["total_ns"], abs=len(rows) * 2)
     assert no_hooks_left(llama)
