@@ -37,7 +37,13 @@ SCRIPT = r"""
     return new DOMParser().parseFromString(await resp.text(), "text/html");
   }
   async function unlock(out) {
-    const doc = await fetchPage();
+    let doc;
+    try {
+      doc = await fetchPage();
+    } catch (err) {
+      say(out, "error", "The sidecar did not answer: " + err);
+      return;
+    }
     if (doc.body.hasAttribute("data-locked")) {  // the prompt again: the sidecar refused the token
       sessionStorage.removeItem(KEY);
       say(out, "error", "The sidecar refused this token.");
@@ -56,7 +62,13 @@ SCRIPT = r"""
   async function refresh() {
     const live = document.getElementById("live");
     if (!live) return;
-    const doc = await fetchPage();
+    let doc;
+    try {
+      doc = await fetchPage();
+    } catch (err) {  // the sidecar restarting, or the network: try again at the next beat
+      timer = setTimeout(refresh, 3000);
+      return;
+    }
     if (doc.body.hasAttribute("data-locked")) {  // the token stopped working (a restarted sidecar?): ask again
       sessionStorage.removeItem(KEY);
       document.body.replaceWith(document.adoptNode(doc.body));
