@@ -15,11 +15,17 @@ What each thread pays
 ---------------------
 * The target (the engine's step thread): nothing of the sampler runs on it. ``start()`` reads a
   clock, sets a flag under an uncontended lock and sets an Event; ``stop()`` reads a clock and
-  sets a flag. Neither waits for the sampler, and neither raises. The sampler never holds a frame
-  or the thread object between samples: it keeps code objects (name, file, first line), so it
-  never keeps the target or its locals alive.
-* The GIL: every sample needs it, so a sample delays the target by its cost (a frame walk of up to
-  ``max_depth`` frames with a per-code-object cache; benchmarks/bench_sampler.py measures it).
+  sets a flag. Neither waits for the sampler, and neither raises. Between two samples of a
+  segment the sampler holds the last sample's frames (not the thread object), so that the next
+  sample walks only the frames that are new: it walks from the innermost frame out and stops at the
+  first plain function frame (not a generator or coroutine, which can be resumed under another
+  caller) that the last sample held. That frame is the same object, held, so the same call, still
+  running, so its callers are the same ones: their ids come from the last sample. A function that
+  returned since the last sample keeps its locals until the next sample (a period, up to the
+  switch interval when the target holds the GIL); after ``stop()`` the sampler holds no frame,
+  only code objects (name, file, first line).
+* The GIL: every sample needs it, so a sample delays the target by its cost (a walk of the frames
+  new since the last sample, up to ``max_depth``, with a per-code-object cache; benchmarks/bench_sampler.py measures it).
   While the target runs pure Python it holds the GIL, and the sampler gets it only when the
   interpreter forces a switch, after ``sys.getswitchinterval()`` (5 ms by default): against such
   code the achieved rate is about 150-200 Hz whatever ``hz`` says; against code that releases the
@@ -49,6 +55,7 @@ says how that clock was verified).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -72,6 +79,8 @@ DEFAULT_MAX_DEPTH = 128
 _EVENT_OVERHEAD_BYTES = 150  # a slice's JSON beyond its name and file (measured: 135-145)
 _IDLE_CHECK_S = 5.0  # a parked sampler thread checks this often whether its sampler was dropped
 _CODE_OF = attrgetter("f_code")
+# Frames that can be suspended and resumed under another caller: never a walk's stopping point.
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 _OWN_FILE = __file__[:-1] if __file__.endswith((".pyc", ".pyo")) else __file__
 
 # Why sampling ended early (``stop_reason``, the summary's "stop_reason"); None while it may go on.
@@ -328,6 +337,11 @@ class StackSampler:
         transitions = self._transitions
         t_append, s_append, l_append, w_append = self._t.append, self._s.append, self._line.append, self._wait.append
         cut = self._cut_frame
+        max_depth = self.max_depth
+        # The last sample's chain, root first, held only within this segment (module docstring):
+        chain_frames: list = []  # its frames
+        chain_ids: list = []  # their frame indices (-1: a skipped file)
+        at_root: dict = {}  # id(frame) -> its place in chain_frames; plain function frames only
         sleep = time.sleep
         prev = -1  # a segment starts new slices at every level
         n = len(self._t)
@@ -340,27 +354,69 @@ class StackSampler:
             if frame is None:
                 reason = TARGET_EXITED
                 break
-            # The walk does as little per frame as Python allows; the lookups run in C (map).
-            walked = []
-            keep = walked.append
+            # Only the frames new since the last sample are walked: the walk stops at the first
+            # plain function frame that the last sample also held (the same object, so the same
+            # call, so the same callers: the module docstring), and the outer frames' ids come
+            # from the last sample.
+            new = []
+            keep = new.append
             f = frame
+            r = None
             for _ in depth_range:
+                r = at_root.get(id(f))
+                if r is not None:
+                    break
                 keep(f)
                 f = f.f_back
                 if f is None:
                     break
-            cut_off = f is not None
-            frame = f = None  # noqa: F841 - hold no frame beyond this sample
-            ids = list(map(code_ids.get, map(id, map(code_of, walked))))
-            if None in ids:  # code never seen before
-                ids = [intern(fr.f_code) if fid is None else fid for fid, fr in zip(ids, walked)]
+            if new:
+                new_ids = list(map(code_ids.get, map(id, map(code_of, new))))
+                if None in new_ids:  # code never seen before
+                    new_ids = [intern(fr.f_code) if fid is None else fid for fid, fr in zip(new_ids, new)]
+            else:
+                new_ids = new
+            if r is not None and r + 1 + len(new) <= max_depth:
+                for fr in chain_frames[r + 1:]:
+                    at_root.pop(id(fr), None)
+                del chain_frames[r + 1:], chain_ids[r + 1:]
+                base = r + 1
+                cut_off = False
+            else:  # nothing shared, or too deep: the whole chain is this sample's walk
+                if r is not None:  # too deep with the shared frames: walk it all again
+                    new = []
+                    keep = new.append
+                    f = frame
+                    for _ in depth_range:
+                        keep(f)
+                        f = f.f_back
+                        if f is None:
+                            break
+                    new_ids = list(map(code_ids.get, map(id, map(code_of, new))))
+                    if None in new_ids:
+                        new_ids = [intern(fr.f_code) if fid is None else fid for fid, fr in zip(new_ids, new)]
+                cut_off = f is not None
+                at_root.clear()
+                chain_frames.clear()
+                chain_ids.clear()
+                base = 0
+            frame = f = None  # noqa: F841
+            new.reverse()
+            new_ids.reverse()
+            chain_frames += new
+            chain_ids += new_ids
+            if not cut_off:  # a cut chain's outer frames are unknown: never matched against
+                for k, fr in enumerate(new, base):
+                    if not fr.f_code.co_flags & _RESUMABLE:
+                        at_root[id(fr)] = k
+            new = None
+            ids = chain_ids[::-1]
             if -1 in ids:  # skipped files
                 kept = [k for k, fid in enumerate(ids) if fid >= 0]
-                line = (walked[kept[0]].f_lineno or 0) if kept else 0
+                line = (chain_frames[-1 - kept[0]].f_lineno or 0) if kept else 0
                 ids = [ids[k] for k in kept]
             else:
-                line = walked[0].f_lineno or 0
-            walked = None
+                line = chain_frames[-1].f_lineno or 0
             if cut_off:
                 ids.append(cut)
                 self._truncated += 1

@@ -476,6 +476,95 @@ def test_output_bounds_stop_sampling_and_the_estimate_matches_the_json(samplers,
     assert 0.8 <= size / summary["estimated_bytes"] <= 1.2, (size, summary["estimated_bytes"])
 
 
+def gen_waits(gates: list[threading.Event], done: list[threading.Event]):
+    for gate, reached in zip(gates, done):
+        reached.set()
+        gate.wait(10)
+        yield
+
+
+def resume_in_b(gen) -> None:
+    next(gen)
+
+
+def resume_in_c(gen) -> None:
+    next(gen)
+
+
+def resumes(gates: list[threading.Event], done: list[threading.Event]) -> None:
+    gen = gen_waits(gates, done)
+    resume_in_b(gen)
+    resume_in_c(gen)
+
+
+def test_a_generator_resumed_under_another_caller_gets_that_caller(samplers):
+    # The sampler walks only the frames new since the last sample and stops at a frame it held
+    # then: a generator's frame is the same object when resumed from elsewhere, so it must not be a
+    # stopping point, or its samples would keep the first caller.
+    gates = [threading.Event(), threading.Event()]
+    done = [threading.Event(), threading.Event()]
+    thread = run_in_thread(resumes, gates, done)
+    sampler = samplers(thread.ident, hz=500)
+    assert done[0].wait(10)
+    sampler.start()
+    time.sleep(0.05)  # in gen_waits, resumed by resume_in_b
+    gates[0].set()
+    assert done[1].wait(10)
+    time.sleep(0.05)  # in the same generator frame, resumed by resume_in_c
+    gates[1].set()
+    thread.join(10)
+    samples = collected(sampler)
+    names = [f[0] for f in samples.raw.frames]
+    paths = set()
+    for sid in set(samples.stack_ids):
+        stack = [names[f] for f in samples.stacks[sid]]  # innermost first
+        if "gen_waits" in stack:
+            paths.add(stack[stack.index("gen_waits") + 1])
+    assert paths == {"resume_in_b", "resume_in_c"}
+    check_flame_chart(events_of(sampler, BASE))
+
+
+def test_stacks_that_change_at_every_depth_match_a_full_walk(samplers):
+    # Calls and returns at varying depths while sampled at full rate: every sampled stack must be a
+    # path of the planted call graph (each frame called by the one outside it).
+    stop = threading.Event()
+    allowed = {("churn", "level"), ("level", "level"), ("level", "leaf")}
+
+    def leaf() -> None:
+        time.sleep(0.0003)
+
+    def level(n: int) -> None:
+        if n:
+            level(n - 1)
+        leaf()
+
+    def churn() -> None:
+        k = 0
+        while not stop.is_set():
+            level(k % 7)
+            k += 1
+
+    thread = run_in_thread(churn)
+    sampler = samplers(thread.ident, hz=2000)
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    stop.set()
+    thread.join(10)
+    samples = collected(sampler)
+    names = [f[0].rsplit(".", 1)[-1] for f in samples.raw.frames]
+    seen = set()
+    for sid in set(samples.stack_ids):
+        stack = [names[f] for f in samples.stacks[sid]][::-1]  # root first
+        mine = stack[stack.index("churn"):]
+        mine = [n for n in mine if n in ("churn", "level", "leaf")] if "leaf" in mine else mine[:0]
+        for outer_name, inner_name in zip(mine, mine[1:]):
+            assert (outer_name, inner_name) in allowed, stack
+        if mine:
+            seen.add(len(mine))
+    assert len(seen) >= 3  # several depths were sampled
+
+
 def test_deep_stacks_keep_their_innermost_frames_under_a_cut_marker(samplers):
     release = threading.Event()
     reached = threading.Event()
