@@ -241,8 +241,8 @@ def _percent(fraction: float) -> str:
 
 
 def headline(summary: dict) -> str:
-    """One line for a capture's status: GPU busy, top kernel, engine steps, syncs. Its figures are the
-    body's, written the same way."""
+    """One line for a capture's status: GPU busy, top kernel, engine steps, largest phase, straggler
+    rank (when ranks are compared), syncs. Its figures are the body's, written the same way."""
     parts = []
     gpu = summary["gpu"]
     step_rows = summary["steps"]
@@ -270,6 +270,9 @@ def headline(summary: dict) -> str:
     largest = (summary.get("anatomy") or {}).get("largest")
     if largest is not None:  # step anatomy: what a step spends most of its time on
         parts.append(f"largest phase {largest['label']} ({_ms(largest['mean_us'])}/step, {largest['process']})")
+    straggler = (summary.get("ranks") or {}).get("straggler")
+    if straggler is not None:  # ranks side by side: the rank that arrives last most often
+        parts.append(f"straggler rank {straggler['rank']} (+{_ms(straggler['late_by_mean_us'])})")
     count = sum(s["count"] for s in summary["syncs"])
     blocked = sum(s["total_us"] for s in summary["syncs"])
     parts.append(f"{count:,} sync{'' if count == 1 else 's'} ({_ms(blocked)} blocked)" if count else "no syncs")

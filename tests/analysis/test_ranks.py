@@ -98,8 +98,13 @@ def folder(tmp_path_factory, original) -> Path:
 
 
 @pytest.fixture(scope="module")
-def section(folder) -> dict:
-    return analyze_path(folder)["ranks"]
+def summary(folder) -> dict:
+    return analyze_path(folder)
+
+
+@pytest.fixture(scope="module")
+def section(summary) -> dict:
+    return summary["ranks"]
 
 
 def test_the_late_rank_is_named_with_its_delay_at_every_step(section, expected):
@@ -114,6 +119,12 @@ def test_the_late_rank_is_named_with_its_delay_at_every_step(section, expected):
         assert row["offsets_us"] == pytest.approx([0.0, LATE, 0.0], abs=2e-3)
     assert [r["late_in"] for r in section["ranks"]] == [0, 3, 0]
     assert section["notes"] == []
+
+
+def test_the_headline_names_the_straggler(summary):
+    parts = summary["headline"].split(" · ")
+    assert "straggler rank 1 (+1.23 ms)" in parts, summary["headline"]
+    assert parts.index("straggler rank 1 (+1.23 ms)") == len(parts) - 2  # just before the syncs
 
 
 def test_the_slowest_rank_per_step_and_step_times(section, expected):
@@ -211,8 +222,10 @@ def test_send_recv_on_several_streams(tmp_path):
 def test_unrelated_clocks_compare_no_arrival(tmp_path, original):
     (tmp_path / "a.json").write_text(json.dumps(original))
     (tmp_path / "b.json").write_text(json.dumps(_shifted(original, 1, 3.6e9)))  # an hour later: no overlap
-    got = analyze_path(tmp_path)["ranks"]
+    summary = analyze_path(tmp_path)
+    got = summary["ranks"]
     assert got["straggler"] is None and got["arrival_steps"] == 0
+    assert "straggler" not in summary["headline"]  # no straggler: the headline names none
     assert all(row["late_rank"] is None and row["offsets_us"] is None for row in got["steps"])
     assert any("clocks are unrelated" in note for note in got["notes"])
     assert [r["matched_collectives"] for r in got["ranks"]] == [21, 21]  # waits need no common clock
