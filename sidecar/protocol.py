@@ -88,6 +88,10 @@ so that step is recorded; the sidecar's ``begin`` (the highest of the counts, no
 processes further when it arrives before their first step. It ends after ``steps`` working steps or
 when the request does (``REQUEST_ENDED``: the engine integration ends it on each step thread).
 
+Version 9 (issue 13): the module-timing job (``module_arm``, ``modules``) and the capture spec's
+``with_modules``: an older probe would drop the one and ignore the other silently (the job would only
+time out), hence the new version.
+
 Version 8 (issue 14): clock probes (``clock``, ``clock_reply``): the sidecar aligns each process's
 trace on its own clock where a process's clock is measurably off (another host). Files over the
 channel (``hello.files_at``/``marker``, ``fetch``, ``file_chunk``): a probe that does not share the
@@ -111,7 +115,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 PROBE_WS_PATH = "/probe/ws"
 PROBE_MARKERS_DIR = "probes"  # <trace root>/probes/<hello.marker>: a probe's marker (sidecar/probe/trace_root.py)
 RECORDER_DIR = "recorder"  # <trace root>/recorder/<process file stem>-q<query id>.json: a recorder dump
