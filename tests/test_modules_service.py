@@ -71,6 +71,10 @@ async def test_the_model_is_timed_in_the_process_that_runs_it_and_the_hooks_are_
 
     listed = (await (await client.get("/modules")).json())["jobs"]
     assert [j["id"] for j in listed] == [job["id"]] and listed[0] == job
+    home = await (await client.get("/")).text()  # the home page lists it, with its slowest module
+    slowest = max(job["modules"], key=lambda m: m["self_ms"])
+    assert f'href="/modules/{job["id"]}"' in home and "Module timing" in home
+    assert f"{slowest['path'] or 'the model'} ({slowest['type']}): {slowest['self_ms']:.3f} ms self" in home
     text = describe_modules(job)
     assert "blocks.0.mlp.0" in text and "by module type" in text and "hooks left: 0" in text
 

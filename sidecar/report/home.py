@@ -1,8 +1,8 @@
-"""The sidecar's home page (``GET /``): what is connected, what was captured and scanned, the
-triggers, and forms to start a capture or a scan.
+"""The sidecar's home page (``GET /``): what is connected, what was captured, scanned and timed per
+module, the triggers, and forms to start a capture or a scan.
 
 ``render_home`` draws it from a plain dict of the service's state, the same JSON the API serves
-(``/processes``, ``/profiles``, ``/syncs``, ``/triggers``; sidecar/service/page_routes.py builds it), so
+(``/processes``, ``/profiles``, ``/syncs``, ``/modules``, ``/triggers``; sidecar/service/page_routes.py builds it), so
 the page shows nothing the API does not and needs nothing of aiohttp. The part that changes,
 ``#live``, is marked ``data-active`` while a job runs: the page script then refreshes it.
 """
@@ -17,6 +17,9 @@ from .forms import capture_fields, scan_fields, start_form
 from .markup import count, duration, esc, table, tag, when
 
 FINAL = ("done", "partial", "failed", "cancelled")
+# The job kinds: the state's ``active_<key>``, the name shown, the stop endpoint.
+_KINDS = (("capture", "capture", "/profile/stop"), ("scan", "scan", "/sync/stop"),
+          ("modules", "module timing", "/modules/stop"))
 
 
 def render_home(state: dict[str, Any]) -> str:
@@ -35,17 +38,17 @@ def render_home(state: dict[str, Any]) -> str:
 
 
 def _live(state: dict[str, Any]) -> str:
-    active = [(kind, state.get(f"active_{kind}")) for kind in ("capture", "scan") if state.get(f"active_{kind}")]
+    active = [(kind, state.get(f"active_{key}")) for key, kind, _ in _KINDS if state.get(f"active_{key}")]
     # A capture is still exporting after its processes ended (no longer the active job): followed too.
-    unsettled = [job for job in state["captures"] + state["scans"] if job["state"] not in FINAL]
+    modules = state.get("modules", [])
+    unsettled = [job for job in state["captures"] + state["scans"] + modules if job["state"] not in FINAL]
     status = f"{len(state['processes'])} engine process{'es' if len(state['processes']) != 1 else ''} connected"
     status += "".join(f" · {kind} {job} running" for kind, job in active)
     stops = "".join(tag("button", esc(f"Stop {kind}"), type="button", data_post=path, data_out="stop-out")
-                    for kind, path in (("capture", "/profile/stop"), ("scan", "/sync/stop"))
-                    if state.get(f"active_{kind}"))
+                    for key, kind, path in _KINDS if state.get(f"active_{key}"))
     head = tag("p", esc(status) + (" " + stops if stops else "") + tag("output", "", id="stop-out"), class_="headline")
     body = (head + _processes(state["processes"]) + _captures(state["captures"]) + _scans(state["scans"])
-            + _triggers(state["triggers"]))
+            + _modules(modules) + _triggers(state["triggers"]))
     return tag("section", body, id="live", data_active=bool(active or unsettled) or None)
 
 
@@ -98,6 +101,31 @@ def _scans(scans: list[dict]) -> str:
              _download("JSON", f"/sync/{quote(s['id'], safe='')}", f"{s['id']}.json")) for s in scans]
     return _part("scans", "Hidden-sync scans", table(
         ["id", "state", "started", "steps", "hidden", "expected", "reason", ""], rows, numeric=(3, 4, 5)))
+
+
+def _modules(jobs: list[dict]) -> str:
+    """Module-timing jobs (``GET /modules``): the job's headline where its JSON has one, else the module
+    with the most self time, else its reason."""
+    if not jobs:
+        return _part("modules", "Module timing", tag("p", "No module timings yet. Start one with "
+                                                          "GET /modules/start (docs/api.md, Module timing).",
+                                                     class_="muted"))
+    rows = [(tag("span", esc(j["id"]), class_="id"), _state(j["state"]), when(j.get("created_at")),
+             esc(j.get("steps")), esc(_module_headline(j)),
+             _download("JSON", f"/modules/{quote(j['id'], safe='')}", f"{j['id']}.json")) for j in jobs]
+    return _part("modules", "Module timing", table(["id", "state", "started", "steps", "slowest module", ""], rows,
+                                                   numeric=(3,)))
+
+
+def _module_headline(job: dict) -> str:
+    if job.get("headline"):
+        return str(job["headline"])
+    timed = [m for m in job.get("modules") or [] if m.get("self_ms") is not None]
+    if timed:
+        top = max(timed, key=lambda m: m["self_ms"])
+        share = f", {top['self_share'] * 100:.1f}% of the forward" if top.get("self_share") is not None else ""
+        return f"{top.get('path') or 'the model'} ({top.get('type')}): {top['self_ms']:.3f} ms self{share}"
+    return str(job.get("reason") or "")
 
 
 def _triggers(triggers: list[dict]) -> str:

@@ -27,7 +27,7 @@ from .captures import Capture, capture_url
 from .job_routes import ID
 from .job_states import FINAL
 from .jobs import CAPTURE
-from .keys import CAPTURES, REGISTRY, SCANS, SETTINGS, TRIGGERS
+from .keys import CAPTURES, MODULES, REGISTRY, SCANS, SETTINGS, TRIGGERS
 from .params import known_roles
 from .responses import error_code, json_error
 
@@ -72,7 +72,7 @@ def _error(request: web.Request, status: int, message: str) -> web.Response:
 
 def home_state(app: web.Application) -> dict[str, Any]:
     """What the home page shows: the API's own JSON of each part."""
-    captures, scans = app[CAPTURES], app[SCANS]
+    captures, scans, modules = app[CAPTURES], app[SCANS], app[MODULES]
     registry = app[REGISTRY]
     return {
         "version": __version__,
@@ -82,9 +82,11 @@ def home_state(app: web.Application) -> dict[str, Any]:
         "processes": [c.to_json() for c in registry.all()],
         "captures": [capture_json(c) for c in captures.recent()],
         "scans": [s.to_json() for s in scans.recent()],
+        "modules": [m.to_json() for m in modules.recent()],
         "triggers": [t.to_json() for t in app[TRIGGERS].all()],
         "active_capture": captures.active.id if captures.active else None,
         "active_scan": scans.active.id if scans.active else None,
+        "active_modules": modules.active.id if modules.active else None,
     }
 
 

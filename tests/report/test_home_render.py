@@ -34,7 +34,15 @@ def state(**overrides):
         "triggers": [{"id": "trg-3f9a1c2e", "rule": {"name": EVIL, "metric": "ttft", "threshold_ms": 500.0,
                                                      "percentile": 95.0}, "counts": {"fired": 1, "skipped": 2},
                       "fired_last_hour": 1}],
-        "active_capture": "20261123-085749-000000", "active_scan": None,
+        "modules": [{"id": "m20261123-085748-53f178", "state": "done", "reason": None, "steps": 4,
+                     "created_at": 1795236396.1, "forward_ms": 10.0,
+                     "modules": [{"path": "model", "type": "Llama", "calls": 4, "total_ms": 10.0, "self_ms": 1.0,
+                                  "share": 1.0, "self_share": 0.1},
+                                 {"path": EVIL, "type": EVIL, "calls": 4, "total_ms": 6.5, "self_ms": 6.5,
+                                  "share": 0.65, "self_share": 0.65}]},
+                    {"id": "m20261123-085749-000000", "state": "failed", "reason": EVIL, "steps": 2,
+                     "created_at": 1795236397.1, "modules": []}],
+        "active_capture": "20261123-085749-000000", "active_scan": None, "active_modules": None,
     }
     return {**base, **overrides}
 
@@ -62,9 +70,38 @@ def test_every_part_and_the_links_of_a_finished_capture():
     assert 'data-post="/profile/stop"' in page and 'data-post="/sync/stop"' not in page
 
 
+def test_module_timings_are_listed_with_their_slowest_module():
+    page = render_home(state())
+    elements = parse(page)
+    assert "modules" in {a.get("id") for _, a in elements.tags}
+    links = {a["href"]: a for t, a in elements.tags if t == "a" and a.get("href", "").startswith("/modules/")}
+    assert set(links) == {"/modules/m20261123-085748-53f178", "/modules/m20261123-085749-000000"}
+    assert links["/modules/m20261123-085748-53f178"]["download"] == "m20261123-085748-53f178.json"
+    text = "".join(elements.text)
+    # The module with the most self time, not the model (the largest total): its name shown as text.
+    assert f"{EVIL} ({EVIL}): 6.500 ms self, 65.0% of the forward" in text
+    assert "model (Llama)" not in text
+    assert text.count(EVIL) >= 3  # the failed job's reason too
+    for marker in (*MARKERS, EVIL):
+        assert marker not in page
+
+
+def test_a_module_timings_headline_and_its_stop_button():
+    job = {"id": "m20261123-085750-000000", "state": "timing", "reason": None, "steps": 3,
+           "created_at": 1795236398.1, "headline": EVIL, "modules": []}
+    page = render_home(state(modules=[job], captures=[], active_capture=None,
+                             active_modules="m20261123-085750-000000"))
+    text = "".join(parse(page).text)
+    assert EVIL in text and EVIL not in page
+    assert "module timing m20261123-085750-000000 running" in text
+    assert 'data-post="/modules/stop"' in page and 'data-post="/profile/stop"' not in page
+    live = [a for t, a in parse(page).tags if a.get("id") == "live"][0]
+    assert "data-active" in live
+
+
 def test_an_empty_sidecar_says_what_to_check():
-    page = render_home(state(processes=[], captures=[], scans=[], triggers=[], active_capture=None))
-    assert "SIDECAR_ENDPOINT" in page and "No captures yet." in page
+    page = render_home(state(processes=[], captures=[], scans=[], modules=[], triggers=[], active_capture=None))
+    assert "SIDECAR_ENDPOINT" in page and "No captures yet." in page and "No module timings yet." in page
     live = [a for t, a in parse(page).tags if a.get("id") == "live"][0]
     assert "data-active" not in live
 
