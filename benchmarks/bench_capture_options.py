@@ -57,6 +57,7 @@ OPTIONS: dict[str, dict] = {
     "none": {},
     "none (engine core and worker only)": {"processes": "engine_core,worker"},
     "stacks=sampled": {"stacks": "sampled"},
+    "stacks=sampled (engine core and worker only)": {"stacks": "sampled", "processes": "engine_core,worker"},
     "stacks=traced": {"stacks": "traced"},
     "record_shapes": {"record_shapes": True},
     "profile_memory": {"profile_memory": True},
