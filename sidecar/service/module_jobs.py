@@ -15,24 +15,18 @@ modules overlap: the model itself is 1.0), ``self_share`` its self time over it 
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from ..protocol import MODEL_EXTRA, ModuleArm, ModuleReport, ModuleSpec
-from . import disk_space
 from .arming import ARM_REPLY_S
 from .job_board import JobBoard
 from .job_manager import STOP_GRACE_S, JobManager
-from .job_states import FINAL
 from .jobs import MODULES, Job, JobKind, NoProbes, ProcessRun
 from .params import JobRequest, ParamError
 from .registry import ProbeRegistry
-from .saved_jobs import id_time, identity_from_json, read_saved
-
-log = logging.getLogger(__name__)
+from .saved_jobs import SavedAsOneFile, id_time, identity_from_json
 
 
 @dataclass(eq=False, kw_only=True)
@@ -134,8 +128,10 @@ class ModuleJob(Job):
         return job
 
 
-class ModuleManager(JobManager[ModuleJob]):
+class ModuleManager(SavedAsOneFile, JobManager[ModuleJob]):
     kind = MODULES
+    saved_noun = "module timing"
+    job_from_json = ModuleJob.from_json
 
     def __init__(self, registry: ProbeRegistry, board: JobBoard, store_dir: Path, *, keep: int,
                  keep_bytes: int | None = None, stop_grace_s: float = STOP_GRACE_S, arm_reply_s: float = ARM_REPLY_S,
@@ -172,44 +168,3 @@ class ModuleManager(JobManager[ModuleJob]):
                     for p in done if p.hooks_after is not None and p.hooks_after != p.hooks_before]
         self._conclude(job, problems, has_result=bool(done))
 
-    # -- on disk: as scans ----------------------------------------------------------------------------
-    def _path(self, job_id: str) -> Path:
-        return self._dir / f"{job_id}.json"
-
-    def _save(self, job: ModuleJob) -> None:
-        try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            disk_space.write_atomic(self._path(job.id), json.dumps(job.to_json(), indent=1))
-        except OSError as exc:
-            log.warning("module timing %s: cannot save: %s", job.id, disk_space.describe(exc))
-
-    def _restore(self) -> list[ModuleJob]:
-        try:
-            entries = list(self._dir.iterdir())
-        except OSError:
-            return []
-        restored = []
-        for path in entries:
-            if path.name.endswith(".json.tmp") and MODULES.is_id(path.name[:-len(".json.tmp")]):
-                disk_space.unlink_quietly(path)
-                continue
-            if path.suffix != ".json" or not MODULES.is_id(path.stem):
-                continue
-            data = read_saved(path)
-            try:
-                if data is None or data.get("id") != path.stem or data.get("state") not in FINAL:
-                    raise ValueError("not a finished module timing's result")
-                restored.append(ModuleJob.from_json(data))
-            except (TypeError, ValueError, KeyError) as exc:
-                log.warning("module timing %s: %s is unreadable (%s): deleted", path.stem, path, exc)
-                disk_space.unlink_quietly(path)
-        return restored
-
-    def _remove(self, job: ModuleJob) -> None:
-        self._path(job.id).unlink(missing_ok=True)
-
-    def _footprint(self, job: ModuleJob) -> int:
-        try:
-            return self._path(job.id).stat().st_size
-        except OSError:
-            return 0

@@ -10,11 +10,13 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 from ..engine import STANDARD_ROLES
 from ..protocol import ProcessIdentity
-from .jobs import JobKind
+from . import disk_space
+from .job_states import FINAL
+from .jobs import Job, JobKind
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +53,58 @@ def identity_from_json(p: dict[str, Any]) -> ProcessIdentity:
     return ProcessIdentity(role=role, role_label=role_label, step_driven=_STEP_DRIVEN.get(role, True),
                            pid=max(1, pid), rank=rank if isinstance(rank, int) else None,
                            instance=str(p.get("instance") or ""))
+
+
+class SavedAsOneFile:
+    """The disk side of a job kind whose whole result is one JSON file, ``<folder>/<id>.json``
+    (sync scans, module timings): saved atomically (a half-written file is no result), read back at
+    start (a leftover ``.tmp`` or an unreadable file deleted), removed and sized for retention.
+    Mixed into a ``JobManager`` subclass, which sets ``_dir`` and ``kind``; ``saved_noun`` names the
+    kind in log lines and ``job_from_json`` rebuilds one finished job."""
+
+    _dir: Path
+    kind: ClassVar[JobKind]
+    saved_noun: ClassVar[str]
+    job_from_json: ClassVar[Callable[[dict[str, Any]], Job]]
+
+    def _path(self, job_id: str) -> Path:
+        return self._dir / f"{job_id}.json"
+
+    def _save(self, job: Job) -> None:
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            disk_space.write_atomic(self._path(job.id), json.dumps(job.to_json(), indent=1))
+        except OSError as exc:
+            log.warning("%s %s: cannot save: %s", self.saved_noun, job.id, disk_space.describe(exc))
+
+    def _restore(self) -> list[Job]:
+        """The finished jobs an earlier run saved (the disk is the truth: listed and retained again)."""
+        try:
+            entries = list(self._dir.iterdir())
+        except OSError:
+            return []
+        restored = []
+        for path in entries:
+            if path.name.endswith(".json.tmp") and self.kind.is_id(path.name[:-len(".json.tmp")]):
+                disk_space.unlink_quietly(path)  # a save a crash or a full disk cut short
+                continue
+            if path.suffix != ".json" or not self.kind.is_id(path.stem):
+                continue
+            data = read_saved(path)
+            try:
+                if data is None or data.get("id") != path.stem or data.get("state") not in FINAL:
+                    raise ValueError(f"not a finished {self.saved_noun}'s result")
+                restored.append(type(self).job_from_json(data))
+            except (TypeError, ValueError, KeyError) as exc:
+                log.warning("%s %s: %s is unreadable (%s): deleted", self.saved_noun, path.stem, path, exc)
+                disk_space.unlink_quietly(path)
+        return restored
+
+    def _remove(self, job: Job) -> None:
+        self._path(job.id).unlink(missing_ok=True)
+
+    def _footprint(self, job: Job) -> int:
+        try:
+            return self._path(job.id).stat().st_size
+        except OSError:
+            return 0

@@ -9,7 +9,6 @@ later scans can use it as their baseline.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -20,14 +19,12 @@ from ..syncs.report import merge_reports, new_sites
 from .arming import ARM_REPLY_S
 from .job_board import JobBoard
 from .job_manager import STOP_GRACE_S, JobManager
-from . import disk_space
 from .job_states import FINAL
 from .jobs import SCAN, Job, JobKind, ProcessRun
 from .params import ParamError, ScanRequest
 from .registry import ProbeRegistry
-from .saved_jobs import id_time, identity_from_json, read_saved
+from .saved_jobs import SavedAsOneFile, id_time, identity_from_json
 
-log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -81,8 +78,10 @@ class Scan(Job):
         return scan
 
 
-class ScanManager(JobManager[Scan]):
+class ScanManager(SavedAsOneFile, JobManager[Scan]):
     kind = SCAN
+    saved_noun = "scan"
+    job_from_json = Scan.from_json
 
     def __init__(
         self,
@@ -129,49 +128,6 @@ class ScanManager(JobManager[Scan]):
         if scan.baseline_sites is not None:
             scan.new_sites = new_sites(scan.sites, scan.baseline_sites)
         self._conclude(scan, [], has_result=bool(reports))
-
-    def _path(self, scan_id: str) -> Path:
-        return self._dir / f"{scan_id}.json"
-
-    def _save(self, scan: Scan) -> None:
-        try:  # whole or not at all: a half-written report is no baseline
-            self._dir.mkdir(parents=True, exist_ok=True)
-            disk_space.write_atomic(self._path(scan.id), json.dumps(scan.to_json(), indent=1))
-        except OSError as exc:
-            log.warning("scan %s: cannot save: %s", scan.id, disk_space.describe(exc))
-
-    def _restore(self) -> list[Scan]:
-        """The scans an earlier run saved (the disk is the truth: listed and retained again). A save
-        a crash or a full disk cut short is deleted: it holds no report."""
-        try:
-            entries = list(self._dir.iterdir())
-        except OSError:
-            return []
-        restored = []
-        for path in entries:
-            if path.name.endswith(".json.tmp") and SCAN.is_id(path.name[:-len(".json.tmp")]):
-                disk_space.unlink_quietly(path)
-                continue
-            if path.suffix != ".json" or not SCAN.is_id(path.stem):
-                continue
-            data = read_saved(path)
-            try:
-                if data is None or data.get("id") != path.stem or data.get("state") not in FINAL:
-                    raise ValueError("not a finished scan's report")
-                restored.append(Scan.from_json(data))
-            except (TypeError, ValueError, KeyError) as exc:
-                log.warning("scan %s: %s is unreadable (%s): deleted", path.stem, path, exc)
-                disk_space.unlink_quietly(path)
-        return restored
-
-    def _remove(self, scan: Scan) -> None:
-        self._path(scan.id).unlink(missing_ok=True)
-
-    def _footprint(self, scan: Scan) -> int:
-        try:
-            return self._path(scan.id).stat().st_size
-        except OSError:
-            return 0
 
     def _load(self, scan_id: str) -> dict[str, Any] | None:
         scan = self._jobs.get(scan_id)

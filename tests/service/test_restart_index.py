@@ -166,3 +166,32 @@ async def test_a_capture_the_sidecar_dies_in_is_restored_with_what_was_asked(aio
     assert body["state"] == "failed" and body["reason"] == INTERRUPTED, body
     assert body["steps"] == 30 and body["options"]["timeout_s"] == 900 and body["options"]["record_shapes"] is True
     assert [(p["role"], p["state"]) for p in body["processes"]] == [("worker", "lost")], body["processes"]
+
+
+async def test_module_timings_on_disk_are_listed_and_retained_after_a_restart(aiohttp_client, tmp_path):
+    """Module timings are saved as scans are (one JSON file each, ``saved_jobs.SavedAsOneFile``): a
+    restarted sidecar lists and serves them, deletes a cut-short save and an unreadable file, and
+    applies retention."""
+    folder = tmp_path / "traces" / "modules"
+    folder.mkdir(parents=True)
+    ids = [f"m2025010{i}-000000-00000{i}" for i in range(1, 4)]
+    for n, job_id in enumerate(ids):
+        (folder / f"{job_id}.json").write_text(json.dumps({
+            "id": job_id, "state": "done", "reason": None, "steps": 2, "delay": 0, "created_at": 1735689600.0 + n,
+            "finished_at": 1735689601.0 + n, "start_step": 4, "notes": [], "clock": "cpu", "hooks_left": 0,
+            "forward_ms": 1.5, "forward_ms_per_step": 0.75,
+            "modules": [{"path": "model.layers.0", "type": "LlamaDecoderLayer", "calls": 2, "total_ms": 1.0}],
+            "types": [], "processes": [{"role": "worker", "pid": 7, "rank": 0, "label": "worker rank 0 (pid 7)",
+                                        "state": "done", "steps_recorded": 2, "error": None, "clock": "cpu",
+                                        "hooks_before": 0, "hooks_after": 0}]}))
+    (folder / "m20250104-000000-000004.json.tmp").write_text("{")  # a save a crash cut short
+    (folder / "m20250105-000000-000005.json").write_text('{"id": "m20250105-000000-000005"')  # corrupt
+
+    client = await aiohttp_client(make_app(settings(tmp_path, keep=2)))
+    listed = (await (await client.get("/modules")).json())["jobs"]
+    assert [j["id"] for j in listed] == [ids[2], ids[1]]
+    body = await client.get(f"/modules/{ids[2]}")
+    assert body.status == 200
+    served = await body.json()
+    assert served["modules"][0]["type"] == "LlamaDecoderLayer" and served["processes"][0]["label"] == "worker rank 0 (pid 7)"
+    assert sorted(p.name for p in folder.iterdir()) == [f"{ids[1]}.json", f"{ids[2]}.json"]
