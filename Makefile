@@ -4,7 +4,7 @@ MODEL ?= models/tiny
 SOAK_MINUTES ?= 30
 SOAK_ARGS ?=
 
-.PHONY: install model demo test test-gpu test-sglang test-multi-server bench soak clean
+.PHONY: install model demo test test-gpu test-sglang test-multi-server test-tensor-parallel bench soak clean
 
 install:
 	@bash scripts/install.sh
@@ -18,11 +18,16 @@ demo: install model
 test: install
 	@bash scripts/install-test-backends.sh
 	@bash scripts/install-browser.sh
-	$(PY) -m pytest -q -ra --durations=25 -m "not sglang and not multi_server"
+	$(PY) -m pytest -q -ra --durations=25 -m "not sglang and not multi_server and not tensor_parallel"
 
 # Two real vLLM servers sharing one sidecar: engine instances (issue 14; two server starts, about 3 minutes).
 test-multi-server: install
 	$(PY) -m pytest -q -ra -m multi_server tests/e2e/test_vllm_two_servers.py
+
+# Real vLLM with --tensor-parallel-size 2: one instance, two worker ranks, ranks side by side (issues 13, 14;
+# one more server start, about 2 minutes).
+test-tensor-parallel: install
+	$(PY) -m pytest -q -ra -m tensor_parallel tests/e2e/test_vllm_tensor_parallel.py
 
 # Real SGLang on CPU in its own venv, .venv/sglang (about 4 minutes and 3.8 GB the first time; docs/sglang.md).
 test-sglang: install

