@@ -27,10 +27,15 @@ def test_a_capture_with_modules_times_the_models_real_layers(vllm_stack, backgro
     for kind in ("attention", "mlp", "norm", "embedding"):
         assert kinds[kind]["calls"] > 0 and kinds[kind]["self_us"] > 0, (kind, kinds)
     assert sum(r["fraction"] for r in kinds.values()) == pytest.approx(1.0, abs=1e-3)
-    # vLLM's own classes, by the kind of layer their calls counted in (the summary keeps the top 10).
+    assert kinds["sampler"]["calls"] > 0, kinds  # vLLM's LogitsProcessor and Sampler
+    # vLLM's own classes, by the kind of layer their calls counted in. The summary keeps the top 10 types
+    # by self time, and which of the small ones make it varies from run to run (CI once lost
+    # LogitsProcessor): each one listed must have its kind, and most of them must be listed.
     types = {r["type"]: r["category"] for r in modules["by_type"]}
-    assert types.get("Attention") == "attention" and types.get("LogitsProcessor") == "sampler", types
-    assert types.get("QKVParallelLinear") == "attention" and types.get("MergedColumnParallelLinear") == "mlp", types
+    expected = {"Attention": "attention", "QKVParallelLinear": "attention", "MergedColumnParallelLinear": "mlp",
+                "LogitsProcessor": "sampler", "Sampler": "sampler", "RMSNorm": "norm"}
+    listed = {t: types[t] for t in expected if t in types}
+    assert listed == {t: expected[t] for t in listed} and len(listed) >= 4 and "Attention" in listed, types
     paths = [r["path"] for r in modules["top_modules"]]
     # vLLM's LlamaModel is called through its compile wrapper, not nn.Module's call: torch's tracer sees
     # the decoder layers right under the outer model.
