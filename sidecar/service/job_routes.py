@@ -58,3 +58,12 @@ async def stop_job(manager: JobManager, url: Callable[[str], str], none_running:
     if job is None:
         return json_error(409, *none_running)
     return web.json_response({"id": job.id, "state": job.state, "url": url(job.id)})
+
+
+def job_or_404(request: web.Request, manager: JobManager, what: str, listing: str) -> Job:
+    """The job ``{id}`` of the route names, or a 404 naming it and where the kind's jobs are listed."""
+    job_id = request.match_info["id"]
+    job = manager.get(job_id)
+    if job is None:
+        raise web.HTTPNotFound(text=f"no {what} {job_id!r} (see {listing})")
+    return job

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .job_routes import ID, start_job, stop_job
+from .job_routes import ID, job_or_404, start_job, stop_job
 from .keys import MODULES
 from .params import parse_module_request
 
@@ -22,11 +22,7 @@ async def modules_stop(request: web.Request) -> web.Response:
 
 
 async def modules_status(request: web.Request) -> web.Response:
-    job_id = request.match_info["id"]
-    job = request.app[MODULES].get(job_id)
-    if job is None:
-        raise web.HTTPNotFound(text=f"no module timing {job_id!r} (see /modules)")
-    return web.json_response(job.to_json())
+    return web.json_response(job_or_404(request, request.app[MODULES], "module timing", "/modules").to_json())
 
 
 async def modules_list(request: web.Request) -> web.Response:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..syncs.report import merge_watch_reports
-from .job_routes import ID, start_job, stop_job
+from .job_routes import ID, job_or_404, start_job, stop_job
 from .keys import REGISTRY, SCANS
 from .params import parse_scan_request
 
@@ -23,11 +23,7 @@ async def sync_stop(request: web.Request) -> web.Response:
 
 
 async def sync_status(request: web.Request) -> web.Response:
-    scan_id = request.match_info["id"]
-    scan = request.app[SCANS].get(scan_id)
-    if scan is None:
-        raise web.HTTPNotFound(text=f"no sync scan {scan_id!r} (see /syncs)")
-    return web.json_response(scan.to_json())
+    return web.json_response(job_or_404(request, request.app[SCANS], "sync scan", "/syncs").to_json())
 
 
 async def syncs(request: web.Request) -> web.Response:
