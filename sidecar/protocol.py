@@ -111,6 +111,7 @@ field and lose the stacks silently, hence the new version.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -118,7 +119,7 @@ import msgspec
 PROTOCOL_VERSION = 9
 PROBE_WS_PATH = "/probe/ws"
 PROBE_MARKERS_DIR = "probes"  # <trace root>/probes/<hello.marker>: a probe's marker (sidecar/probe/trace_root.py)
-RECORDER_DIR = "recorder"  # <trace root>/recorder/<process file stem>-q<query id>.json: a recorder dump
+RECORDER_DIR = "recorder"  # <trace root>/recorder/<probe file stem>-q<query id>.json: a recorder dump
 # Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
 # version, a wrong proof); the close frame's reason says why.
 CLOSE_REFUSED = 4400
@@ -134,6 +135,15 @@ ROLE_PATTERN = r"^[a-z][a-z0-9_]{0,31}\Z"  # a role's name: on the wire, in proc
 RoleName = Annotated[str, msgspec.Meta(pattern=ROLE_PATTERN)]
 MAX_TEXT = 4096
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+ProbeId = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{0,32}\Z")]  # ProcessIdentity.probe_id
+_UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+HOST_CHARS = 48  # a host name in a file name, at most
+
+
+def file_name_part(host: str) -> str:
+    """A host name as part of a file name: letters, digits, ``_.-`` (anything else: ``_``), at most
+    ``HOST_CHARS``; ``host`` if nothing is left."""
+    return _UNSAFE_IN_NAME.sub("_", host)[:HOST_CHARS].strip("._") or "host"
 MAX_REQUEST_ID = 512  # an engine's request id may hold a client's X-Request-Id: longer ones are cut
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)]
 AskId = Annotated[int, msgspec.Meta(ge=1, le=2**53)]
@@ -183,6 +193,10 @@ class ProcessIdentity(msgspec.Struct, frozen=True, kw_only=True):
     # one instance count the same working steps. "": the only one, unnamed.
     instance: Text = ""
     extra: dict[str, Union[str, int, float, bool, None]] = {}
+    # Drawn by the probe when it starts: the names of the files it writes carry it (``probe_file_stem``),
+    # so two processes of one role, rank, pid and host name writing to one disk (two containers
+    # sharing a volume) never write one file. "": an identity no probe drew one for (an older probe).
+    probe_id: ProbeId = ""
 
     @property
     def label(self) -> str:
@@ -193,6 +207,15 @@ class ProcessIdentity(msgspec.Struct, frozen=True, kw_only=True):
     def file_stem(self) -> str:
         rank = f"-rank{self.rank}" if self.rank is not None else ""
         return f"{self.role}{rank}-pid{self.pid}"
+
+    @property
+    def probe_file_stem(self) -> str:
+        """The stem of the files this process's probe writes (raw traces, samples, recorder dumps):
+        ``file_stem``, the host and the probe id, ``worker-rank0-pid7-node-2-p3fa9c01b``. The
+        capture's own files keep ``file_stem`` (sidecar/service/process_stems.py)."""
+        if not self.probe_id:
+            return self.file_stem
+        return f"{self.file_stem}-{file_name_part(self.host)}-p{self.probe_id}"
 
     @property
     def sort_key(self) -> tuple:

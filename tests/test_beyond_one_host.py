@@ -182,3 +182,61 @@ async def test_instance_selects_the_processes_of_one_engine_instance(sidecar, en
     assert bad.status == 400 and body["param"] == "instance" and "other" in body["message"], body
     scan = await client.get("/sync/start", params={"steps": "1", "instance": "other"})
     assert scan.status == 202, await scan.json()
+
+
+
+SLOW_MS = 200  # every step of instance b holds this long a sleep; instance a's steps take a few ms
+SIZES = {"a": 32, "b": 48}  # the side of each instance's step matrix: its aten::mm shapes in a trace
+
+
+
+async def shared_volume_engines(engines, client, volume, send_files):  # noqa: F811
+    """Two containers of one pod: one host name, both pid 7, worker rank 0 of two engine instances,
+    writing to one volume. ``send_files``: the sidecar does not see the volume (their files come over
+    the channel); else it reads their files there. One starts once the other is connected: each then
+    finds its own marker on the volume (a marker of another pid 7 may look stale to it and go)."""
+    for instance, slow in (("a", ()), ("b", ("--slow-step-at", "1", "--slow-step-ms", str(SLOW_MS)))):
+        engines(client.url, "worker", "--rank", "0", "--instance", instance, "--step-ms", "1",
+                "--size", str(SIZES[instance]), *slow, env={
+                    "FAKE_ENGINE_PID": "7", "FAKE_ENGINE_HOST": "pod", "SIDECAR_TRACE_DIR": str(volume),
+                    "SIDECAR_PROBE_SEND_FILES": "1" if send_files else ""})
+        procs = await wait_processes(client, 1 if instance == "a" else 2)
+    assert [(p["pid"], p["rank"], p["host"], p["files_shared"]) for p in procs] == [(7, 0, "pod", not send_files)] * 2, procs
+
+
+async def test_two_probes_of_one_role_rank_pid_and_host_on_one_disk_write_a_file_each(sidecar, engines, tmp_path):  # noqa: F811
+    """Each probe's raw trace is its own file on the shared volume (its name carries host and probe id):
+    each process's trace in the capture is its own, not one written over the other or lost."""
+    client = await sidecar()
+    volume = tmp_path / "shared-volume"
+    await shared_volume_engines(engines, client, volume, send_files=False)
+    resp = await client.get("/profile/start", params={"steps": "2", "timeout_s": "30", "record_shapes": "1"})
+    status = await wait_final(client, (await resp.json())["id"])
+    assert status["state"] == "done", status
+    by_instance = {p["instance"]: p for p in status["processes"]}
+    assert sorted(by_instance) == ["a", "b"] and all(p["state"] == "done" for p in by_instance.values()), status
+    capture_dir = tmp_path / "traces" / "captures" / status["id"]
+    for instance, proc in by_instance.items():
+        trace = json.loads(gzip.decompress((capture_dir / proc["file"]).read_bytes()))
+        dims = {json.dumps(e["args"]["Input Dims"]) for e in trace["traceEvents"]
+                if e.get("name") == "aten::mm" and "Input Dims" in e.get("args", {})}
+        side = SIZES[instance]
+        assert dims == {json.dumps([[side, side], [side, side]])}, (instance, dims)
+    assert not list(volume.rglob("*.json")), "the sidecar read and deleted each raw file"
+
+
+async def test_two_probes_of_one_role_rank_pid_and_host_on_one_disk_answer_the_recorder_each(sidecar, engines, tmp_path):  # noqa: F811
+    """One query id goes to every probe: their recorder dumps on the shared volume must not be one file."""
+    client = await sidecar()
+    volume = tmp_path / "shared-volume"
+    await shared_volume_engines(engines, client, volume, send_files=True)
+    await asyncio.sleep(2.0)  # some steps in each
+    body = await (await client.get("/recorder", params={"seconds": "60"})).json()
+    by_instance = {p["process"]["instance"]: p for p in body["processes"]}
+    assert sorted(by_instance) == ["a", "b"], body["processes"]
+    for instance, proc in by_instance.items():
+        assert proc["error"] is None and len(proc["steps"]) >= 3, (instance, proc["error"])
+        durations_ms = [(row["end_ns"] - row["start_ns"]) / 1e6 for row in proc["steps"]]
+        # Instance b's every step holds the sleep; a's hold none, so most of its steps are far shorter.
+        assert (min(durations_ms) >= SLOW_MS) if instance == "b" else (min(durations_ms) < SLOW_MS), (instance, durations_ms)
+    assert not list((volume / "recorder").glob("*.json")), "each dump was deleted once sent"

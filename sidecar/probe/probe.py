@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from threading import get_ident
@@ -130,6 +131,8 @@ class Probe:
         # here, once, so a bad identity (a negative rank) fails the probe's start, loudly.
         if model is not None:  # the sidecar sends its module-timing jobs only where a model is
             self.identity = msgspec.structs.replace(self.identity, extra={**self.identity.extra, MODEL_EXTRA: True})
+        # A probe id of its own: its files' names carry it (``probe_file_stem``), unique on a shared disk.
+        self.identity = msgspec.structs.replace(self.identity, probe_id=secrets.token_hex(4))
         decode_hello(encode(Hello(protocol=PROTOCOL_VERSION, process=self.identity, nonce="0" * 64)))
         self.trace_root = TraceRoot(trace_root if trace_root is not None else config.trace_dir())
         self.limits = limits if limits is not None else ProbeLimits.from_environment()
@@ -195,7 +198,7 @@ class Probe:
                                                        endpoint or config.endpoint())
         self._queries = QueryAnswerer(
             send=self._link.send, recorder_dump=self.recorder_dump,
-            recorder_file=lambda query_id: self.trace_root.recorder_file(query_id, self.identity.file_stem),
+            recorder_file=lambda query_id: self.trace_root.recorder_file(query_id, self.identity.probe_file_stem),
             step_thread_id=self._step_thread_id, in_flight=in_flight)
 
     def start(self) -> "Probe":
@@ -333,7 +336,7 @@ class Probe:
             problem = "no event loop known in this process yet"
         if problem is None:
             try:  # the probe's own root, never a path from the message
-                path = self.trace_root.capture_file(spec.id, self.identity.file_stem)
+                path = self.trace_root.capture_file(spec.id, self.identity.probe_file_stem)
             except (ValueError, OSError) as exc:
                 problem = f"cannot write a trace here: {exc}"
         if problem is not None:

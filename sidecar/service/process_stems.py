@@ -1,27 +1,24 @@
 """Each process's file stem within one capture, unique even across hosts.
 
-A probe names its files ``<role>[-rank<k>]-pid<pid>`` (``ProcessIdentity.file_stem``), unique on one
-host. Two hosts (or containers) often have processes of the same role, rank and pid (pid 7 in two
-containers, worker rank 0 of two data-parallel servers): the files the sidecar fetches from them
-(``<capture>/raw/<stem>.json``), the per-process trace files it writes (``<stem>.json.gz``) and the
-merge's per-process outcomes would then be one file, the last fetched overwriting the first, or a
-local process's raw file in the sidecar's own trace dir overwritten by a remote one's.
+A capture names each process's files ``<role>[-rank<k>]-pid<pid>`` (``ProcessIdentity.file_stem``),
+unique on one host. Two hosts (or containers) often have processes of the same role, rank and pid
+(pid 7 in two containers, worker rank 0 of two data-parallel servers): the files the sidecar fetches
+from them (``<capture>/raw/<stem>.json``), the per-process trace files it writes (``<stem>.json.gz``)
+and the merge's per-process outcomes would then be one file, the last fetched overwriting the first.
 
 So the stems are settled once, when the capture is created. A process whose files the sidecar reads
-where its probe wrote them keeps its own stem (the probe chose that file name); any other process
-whose stem is taken gets its host appended, then a number where the host does not tell them apart
-(two containers with one host name). A capture of one host keeps every name as it was.
+where its probe wrote them keeps its own stem wherever it is free; any other process whose stem is
+taken gets its host appended, then a number where the host does not tell them apart (two containers
+with one host name). A capture of one host keeps every name as it was. (The probes' own raw files,
+``ProcessIdentity.probe_file_stem``, carry host and probe id, ``-p<hex>``: a fetched file, whose
+stem ends in a host or a number, never takes one's name in a shared raw folder.)
 """
 
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
-from ..protocol import ProcessIdentity
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-HOST_CHARS = 48  # a host name in a file name, at most
+from ..protocol import ProcessIdentity, file_name_part
 
 
 def unique_stems(processes: Sequence[tuple[ProcessIdentity, bool]]) -> list[str]:
@@ -29,7 +26,7 @@ def unique_stems(processes: Sequence[tuple[ProcessIdentity, bool]]) -> list[str]
     and its own ``file_stem`` wherever that is free."""
     out: list[str | None] = [None] * len(processes)
     used: set[str] = set()
-    for i, (identity, local) in enumerate(processes):  # local files first: their names are the probes'
+    for i, (identity, local) in enumerate(processes):  # local processes first: they keep their plain names
         if local and identity.file_stem not in used:
             out[i] = identity.file_stem
             used.add(identity.file_stem)
@@ -37,7 +34,7 @@ def unique_stems(processes: Sequence[tuple[ProcessIdentity, bool]]) -> list[str]
         if out[i] is not None:
             continue
         base = identity.file_stem
-        candidates = [base, f"{base}-{_safe(identity.host)}"]
+        candidates = [base, f"{base}-{file_name_part(identity.host)}"]
         stem = next((c for c in candidates if c not in used), None)
         k = 2
         while stem is None:
@@ -47,7 +44,3 @@ def unique_stems(processes: Sequence[tuple[ProcessIdentity, bool]]) -> list[str]
         used.add(stem)
     return [s for s in out if s is not None]
 
-
-def _safe(host: str) -> str:
-    """A host name as a file name part: letters, digits, ``_.-`` (anything else: ``_``); ``host`` if empty."""
-    return _UNSAFE.sub("_", host)[:HOST_CHARS].strip("._") or "host"

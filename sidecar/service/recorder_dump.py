@@ -28,7 +28,7 @@ async def gather_recording(queries: QueryBroker, conns: list, seconds: float) ->
     for reply in replies:
         dump, error = None, reply.error
         if reply.answer is not None and error is None:
-            expected = f"{reply.conn.identity.file_stem}-q{reply.answer.query_id}.json"
+            expected = f"{reply.conn.identity.probe_file_stem}-q{reply.answer.query_id}.json"
             try:
                 if reply.conn.shares_files:
                     dump = await loop.run_in_executor(None, read_dump, reply.answer.file, expected)

@@ -66,7 +66,7 @@ def test_a_capture_is_written_under_the_probes_own_root_whatever_the_message_say
     run_until_finished(probe)
     done = wait_final(sent)
     assert done.state == "done", done
-    expected = root / "captures" / "c1" / "raw" / f"{probe.identity.file_stem}.json"
+    expected = root / "captures" / "c1" / "raw" / f"{probe.identity.probe_file_stem}.json"
     assert done.file == str(expected) and expected.is_file() and done.bytes == expected.stat().st_size
     assert not elsewhere.exists()
 
