@@ -49,14 +49,22 @@ def vllm_stack(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def slow_token_stack(tmp_path_factory):
-    """The sidecar and real vLLM serving the slow-token fixture model (tests/fixtures/slow_token_model:
-    a prompt ending in SLOW_TOKEN_ID makes one 1.5 s step, HANG_TOKEN_ID hangs a step for 30 s), with
-    the step watchdog at 3 s. One per session: test_vllm_slow_token_fixture.py, test_vllm_incidents.py."""
-    from slow_token_model import make_model_dir
+    """The sidecar and real vLLM serving the fixture models in one (tests/fixtures/slow_token_model,
+    ``planted=True``): a prompt ending in SLOW_TOKEN_ID makes one 1.5 s step; HANG_TOKEN_ID hangs a step
+    until the file ``env[ENV_HANG_RELEASE]`` exists (60 s at most); every forward makes the planted
+    syncs, which a sync scan counts (SIDECAR_SYNC_TREAT_CPU_AS_DEVICE=1); the step watchdog is at 3 s.
+    One per session (a server start costs 40-70 s on a 2-core host), for test_vllm_slow_token_fixture.py,
+    test_vllm_incidents.py, test_vllm_triggers.py and test_vllm_syncs.py."""
+    from slow_token_model import ENV_HANG_RELEASE, ENV_HANG_S, make_model_dir
 
-    model = make_model_dir(tmp_path_factory.mktemp("slow-token") / "model")
-    stack = VllmStack(model_dir=model, work_dir=tmp_path_factory.mktemp("slow-token-stack"),
-                      env={"SIDECAR_WATCHDOG_S": "3"})
+    model = make_model_dir(tmp_path_factory.mktemp("slow-token") / "model", planted=True)
+    work = tmp_path_factory.mktemp("slow-token-stack")
+    stack = VllmStack(model_dir=model, work_dir=work, env={
+        "SIDECAR_WATCHDOG_S": "3",
+        "SIDECAR_SYNC_TREAT_CPU_AS_DEVICE": "1",
+        ENV_HANG_RELEASE: str(work / "release-hang"),
+        ENV_HANG_S: "60",  # released early: the bound only has to outlast a slow host's examination
+    })
     try:
         yield stack.start()
     finally:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from completions import complete
@@ -58,17 +60,52 @@ def test_the_recorder_holds_a_slow_step_after_the_fact(slow_token_stack):
     assert any(e["dur"] >= SLOW_SECONDS * 1e6 * 0.9 for e in slices)
 
 
+@contextmanager
+def released_hang(stack):
+    """The file that ends the fixture's hang (``SIDECAR_FIXTURE_HANG_RELEASE``), absent on entry; on exit,
+    whatever happened, it is created (the shared server never stays hung), the engine shown serving
+    again, and the file removed for the next hang."""
+    from slow_token_model import ENV_HANG_RELEASE
+
+    release = Path(stack.env[ENV_HANG_RELEASE])
+    release.unlink(missing_ok=True)
+    try:
+        yield release
+    finally:
+        release.touch()
+        _complete(stack, [11, 12, 13, 14])
+        release.unlink()
+
+
 def test_a_hung_engine_can_be_examined_while_it_hangs(slow_token_stack):
     from slow_token_model import HANG_FUNCTION, HANG_SECONDS, HANG_TOKEN_ID, prompt_ids
 
     stack = slow_token_stack
-    result: dict = {}
-    hung = threading.Thread(target=lambda: result.update(_complete(stack, prompt_ids(HANG_TOKEN_ID, salt=21), 2)),
-                            daemon=True)
-    started = time.monotonic()
-    hung.start()
-    time.sleep(2.0)  # the request reaches the worker's forward and sleeps there
+    with released_hang(stack) as release:
+        result: dict = {}
+        hung = threading.Thread(target=lambda: result.update(_complete(stack, prompt_ids(HANG_TOKEN_ID, salt=21), 2)),
+                                daemon=True)
+        hung.start()
+        time.sleep(2.0)  # the request reaches the worker's forward and sleeps there
+        _examine(stack, HANG_FUNCTION)
 
+        # Hung all along (the fixture holds it up to HANG_SECONDS): the request is still unanswered
+        # after all that, and answered within seconds of the release.
+        assert hung.is_alive() and not result, result
+        release.touch()
+        released = time.monotonic()
+        hung.join(timeout=HANG_SECONDS + 60)
+        assert result.get("choices"), result  # the hung request was served in the end
+        assert time.monotonic() - released < 5, "the engine stayed hung after the release"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _get(stack, "/healthz")["stuck"]:
+        time.sleep(0.5)
+    assert _get(stack, "/healthz")["stuck"] == []
+    _complete(stack, [11, 12, 13, 14])  # and serves normally after
+
+
+def _examine(stack, hang_function: str) -> None:
+    """What the sidecar shows of the engine while it hangs in ``hang_function``."""
     t0 = time.monotonic()
     stacks = _get(stack, "/stacks")
     took = time.monotonic() - t0
@@ -76,7 +113,7 @@ def test_a_hung_engine_can_be_examined_while_it_hangs(slow_token_stack):
     (worker,) = _processes(stacks, "worker")
     assert worker["error"] is None
     step_thread = next(t for t in worker["threads"] if t["step_thread"])
-    assert any(f["function"].endswith(HANG_FUNCTION) and f["file"].endswith("slow_token_model/model.py") for f in step_thread["frames"]), \
+    assert any(f["function"].endswith(hang_function) and f["file"].endswith("slow_token_model/model.py") for f in step_thread["frames"]), \
         [f["function"] for f in step_thread["frames"]]
 
     requests = _get(stack, "/requests")
@@ -100,13 +137,4 @@ def test_a_hung_engine_can_be_examined_while_it_hangs(slow_token_stack):
     # A flame graph of the hang: the step thread sampled for 1 s.
     speedscope = _get(stack, "/stacks?seconds=1&hz=50&format=speedscope&threads=step&processes=worker")
     names = [f["name"] for f in speedscope["shared"]["frames"]]
-    assert any(n.startswith(HANG_FUNCTION) for n in names), names
-
-    hung.join(timeout=120)
-    assert result.get("choices"), result  # the hung request was served in the end
-    assert HANG_SECONDS <= time.monotonic() - started < HANG_SECONDS + 5  # held for the fixture's 30 s
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _get(stack, "/healthz")["stuck"]:
-        time.sleep(0.5)
-    assert _get(stack, "/healthz")["stuck"] == []
-    _complete(stack, [11, 12, 13, 14])  # and serves normally after
+    assert any(n.startswith(hang_function) for n in names), names
