@@ -187,3 +187,63 @@ def test_request_telemetry_fields(src):
     assert {"created_time", "first_token_time", "finished_time"} <= class_fields(stats)
     scheduler = src.cls("sglang.srt.observability.req_time_stats", "SchedulerReqTimeStats")
     assert {"wait_queue_entry_time", "forward_entry_time"} <= class_fields(scheduler)
+
+
+def _constants(module: ast.Module) -> dict[str, object]:
+    return {t.id: n.value.value for n in module.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            for t in n.targets if isinstance(t, ast.Name)}
+
+
+def test_scheduler_phase_ranges_are_sglangs_own_stage_ranges(src):
+    """Each of the scheduler's phase ranges is one SGLang enters itself, and only under a profiler:
+    a ``Scheduler`` method decorated ``@scheduler_stage_method(SCHEDULER_STAGE_X)``, whose range the
+    decorator names ``scheduler.<stage>``, through ``profile_range`` (a no-op unless a profiler runs)."""
+    stages = src.module("sglang.srt.observability.scheduler_stage_metrics")
+    constants = _constants(stages)
+    decorator = next(n for n in stages.body if isinstance(n, ast.FunctionDef) and n.name == "scheduler_stage_method")
+    assert "f'scheduler.{stage}'" in {ast.unparse(n) for n in ast.walk(decorator) if isinstance(n, ast.JoinedStr)}
+    ranged = next(n for n in src.module("sglang.srt.utils.nvtx_utils").body
+                  if isinstance(n, ast.FunctionDef) and n.name == "profile_range")
+    assert "torch.autograd._profiler_enabled()" in ast.unparse(ranged)
+    scheduler = src.cls(hooks.SCHEDULER_MODULE, "Scheduler")
+    decorated = {}
+    for name, fn in methods(scheduler).items():
+        for d in fn.decorator_list:
+            if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "scheduler_stage_method":
+                decorated["scheduler." + constants[d.args[0].id]] = name
+    mine = [r.name for r in SGLANG_PROFILE.phase_ranges if r.role == "scheduler"]
+    assert mine and {decorated.get(name) for name in mine} == {"get_next_batch_to_run", "run_batch",
+                                                                 "process_batch_result"}, decorated
+    # Within a step: after get_next_batch_to_run (where it begins), before the next ingest_requests.
+    calls = self_calls(methods(scheduler)["event_loop_normal"])
+    start = calls.index("get_next_batch_to_run")
+    assert {"run_batch", "process_batch_result"} <= set(calls[start:])
+
+
+def test_http_server_phase_range_targets(src):
+    """The HTTP server's ranges shadow these methods on the TokenizerManager (hooks.http_server_ranges):
+    coroutine methods called through ``self``; output processing awaits nothing but a yield to the
+    loop (``asyncio.sleep(0)``, between groups of requests it wakes: their handlers run inside it)."""
+    tm = src.cls(hooks.TOKENIZER_MODULE, "TokenizerManager")
+    m = methods(tm)
+    for name in ("_tokenize_one_request", "_handle_batch_output"):
+        assert isinstance(m[name], ast.AsyncFunctionDef), name
+        assert any(name in self_calls(fn) for fn in m.values()), name
+    awaited = {ast.unparse(n.value) for n in ast.walk(m["_handle_batch_output"]) if isinstance(n, ast.Await)}
+    assert awaited <= {"asyncio.sleep(0)"}, awaited
+
+
+def test_requests_in_flight_fields(src):
+    """What requests_view.py reads of the scheduler and its requests."""
+    scheduler = src.cls(hooks.SCHEDULER_MODULE, "Scheduler")
+    assert {"waiting_queue", "running_batch", "last_batch", "chunked_req", "cur_batch_for_debug"} <= \
+        self_attributes_set(scheduler)
+    req = src.cls("sglang.srt.managers.schedule_batch", "Req")
+    assert {"rid", "origin_input_ids", "output_ids", "retraction_count", "time_stats"} <= self_attributes_set(req)
+    assert params(methods(req)["finished"]) == ["self"]
+    stats = src.module("sglang.srt.observability.req_time_stats")
+    fields = set()
+    for node in stats.body:
+        if isinstance(node, ast.ClassDef):
+            fields |= class_fields(node)
+    assert {"created_time", "scheduler_recv_time"} <= fields

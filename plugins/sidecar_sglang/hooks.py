@@ -16,10 +16,12 @@ So a step includes scheduling, the forward launch and result processing. In over
 default) the device time of batch N is paid in step N+1, when its result is synchronised.
 
 - ``Scheduler.__init__``: the scheduler's probe and step telemetry (SGLang loads plugins in
-  ``run_scheduler_process`` before building the ``Scheduler``).
+  ``run_scheduler_process`` before building the ``Scheduler``); TP rank 0's probe also answers for the
+  requests in flight (requests_view.py). Its phase ranges are SGLang's own (profile.py).
 - ``TokenizerManager.auto_create_handle_loop``: the HTTP server process, a window role, instrumented
   with ``sidecar.instrument`` (probe, process telemetry, request telemetry). Its probe needs the
-  event loop its captures record on, which SGLang creates there, on the first request.
+  event loop its captures record on, which SGLang creates there, on the first request. Its phase
+  ranges are the plugin's, switched on only while a capture records (``http_server_ranges``).
 - ``TokenizerManager._handle_batch_output``: each finished request's spans and metrics (requests.py).
 
 Each patch is independent (``sidecar.integration.patching``): one that fails is logged and the others
@@ -36,9 +38,12 @@ import time
 
 from sidecar.integration import attach, patching
 from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR
+from sidecar.integration.method_ranges import MethodRanges
 
-from .profile import ROLE_API_SERVER, ROLE_SCHEDULER, SGLANG_PROFILE, SUPPORTED_VERSIONS
+from .profile import (PROCESS_INPUTS, PROCESS_OUTPUTS, ROLE_API_SERVER, ROLE_SCHEDULER, SGLANG_PROFILE,
+                      SUPPORTED_VERSIONS)
 from .requests import INSTRUMENT_ATTR, wrap_handle_batch_output
+from .requests_view import requests_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,10 @@ def _tp_rank() -> int | None:
 # -- scheduler ------------------------------------------------------------------------------------
 def _attach_scheduler(scheduler):
     rank = _tp_rank()
-    probe = attach.attach_probe(scheduler, SGLANG_PROFILE, ROLE_SCHEDULER, rank)
+    # The requests in flight (requests_view.py), from one scheduler only: every TP rank holds the same
+    # requests, and the heartbeats' counts are summed over processes.
+    in_flight = (lambda: requests_in_flight(scheduler)) if not rank else None
+    probe = attach.attach_probe(scheduler, SGLANG_PROFILE, ROLE_SCHEDULER, rank, in_flight=in_flight)
     attach.attach_telemetry(scheduler, SGLANG_PROFILE, ROLE_SCHEDULER, rank, steps=True)
     return probe
 
@@ -195,13 +203,25 @@ def _wrap_auto_create_handle_loop(original):
     return auto_create_handle_loop
 
 
+def http_server_ranges(manager) -> MethodRanges:
+    """The HTTP server's phase ranges, entered only while a capture records: input processing
+    (``_tokenize_one_request``: a request tokenized into the scheduler's input; where it awaits, as
+    for multimodal data, what the event loop runs meanwhile is inside) and output processing
+    (``_handle_batch_output``: a batch of the detokenizer's outputs made into responses; it only
+    yields to the loop between groups of the requests it wakes, whose handlers then run inside)."""
+    return MethodRanges(lambda: [(manager, "_tokenize_one_request", PROCESS_INPUTS),
+                                 (manager, "_handle_batch_output", PROCESS_OUTPUTS)])
+
+
 def _instrument_http_server(manager, loop) -> None:
-    """The HTTP server's probe (its captures record on ``loop``), process telemetry and request
-    telemetry (requests.py), through the engine-agnostic ``sidecar.instrument``."""
+    """The HTTP server's probe (its captures record on ``loop``, with its phase ranges), process
+    telemetry and request telemetry (requests.py), through the engine-agnostic ``sidecar.instrument``.
+    It reports no requests in flight: the scheduler does (requests_view.py)."""
     from sidecar import instrument
 
     inst = instrument(SGLANG_PROFILE, role=ROLE_API_SERVER, loop=loop,
-                      model=str(getattr(manager, "served_model_name", "") or ""))
+                      model=str(getattr(manager, "served_model_name", "") or ""),
+                      phase_scopes=http_server_ranges(manager), in_flight=None)
     manager.__dict__[INSTRUMENT_ATTR] = inst if inst.enabled else None
     manager.__dict__[PROBE_ATTR] = inst.probe
 

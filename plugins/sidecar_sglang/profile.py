@@ -8,6 +8,7 @@ SGLang: the version is looked up when a probe starts.
 from __future__ import annotations
 
 from sidecar.engine import API_SERVER, SCHEDULER, EngineProfile
+from sidecar.phases import PhaseRange
 from sidecar.syncs.allowlist import AllowEntry
 from sidecar.syncs.sites import FORWARD, SAMPLING, SCHEDULING, PhaseRule
 
@@ -58,6 +59,26 @@ ALLOW_ENTRIES: tuple[AllowEntry, ...] = (
 )
 
 
+# The ranges of a step's phases (step anatomy, docs/analysis.md), recorded only while a capture records.
+# Scheduler: SGLang's own stage ranges (``@scheduler_stage_method`` in managers/scheduler.py, 0.5.20+),
+# which it enters only while a torch profiler runs, so a capture gets them with nothing switched. A
+# step (hooks.py) runs get_next_batch_to_run, run_batch (the forward and sampling, or their launch in
+# overlap mode) and process_batch_result (of this batch, or of the previous one in overlap mode).
+# HTTP server: no scopes in SGLang; the plugin's own (hooks.py, through sidecar.integration.method_ranges).
+STAGE_SCHEDULE = "scheduler.get_next_batch_to_run"
+STAGE_RUN_BATCH = "scheduler.run_batch"
+STAGE_PROCESS_RESULT = "scheduler.process_batch_result"
+PROCESS_INPUTS = "sidecar: process inputs"  # TokenizerManager._tokenize_one_request
+PROCESS_OUTPUTS = "sidecar: process outputs"  # TokenizerManager._handle_batch_output
+PHASE_RANGES: tuple[PhaseRange, ...] = (
+    PhaseRange(STAGE_SCHEDULE, "schedule", ROLE_SCHEDULER),
+    PhaseRange(STAGE_RUN_BATCH, "forward", ROLE_SCHEDULER),
+    PhaseRange(STAGE_PROCESS_RESULT, "update", ROLE_SCHEDULER),
+    PhaseRange(PROCESS_INPUTS, "input", ROLE_API_SERVER),
+    PhaseRange(PROCESS_OUTPUTS, "output", ROLE_API_SERVER),
+)
+
+
 def sglang_version() -> str:
     """``sglang 0.5.23`` (the probe's hello); ``sglang`` when SGLang's version cannot be read."""
     try:
@@ -73,6 +94,7 @@ SGLANG_PROFILE = EngineProfile(
     roles=ROLES,
     phase_rules=PHASE_RULES,
     allow_entries=ALLOW_ENTRIES,
+    phase_ranges=PHASE_RANGES,
     skip_packages=("sidecar_sglang",),  # the plugin's own frames (hook wrappers) are never a sync site
     service_name="sglang",  # OTel resource service.name unless OTEL_SERVICE_NAME says otherwise
     provider="sglang",  # gen_ai.provider.name
