@@ -4,7 +4,7 @@ MODEL ?= models/tiny
 SOAK_MINUTES ?= 30
 SOAK_ARGS ?=
 
-.PHONY: install model demo test test-gpu test-sglang test-multi-server test-tensor-parallel bench soak clean
+.PHONY: install model demo test test-gpu test-sglang test-multi-server test-tensor-parallel test-data-parallel bench soak clean
 
 install:
 	@bash scripts/install.sh
@@ -18,7 +18,7 @@ demo: install model
 test: install
 	@bash scripts/install-test-backends.sh
 	@bash scripts/install-browser.sh
-	$(PY) -m pytest -q -ra --durations=25 -m "not sglang and not multi_server and not tensor_parallel"
+	$(PY) -m pytest -q -ra --durations=25 -m "not sglang and not multi_server and not tensor_parallel and not data_parallel"
 
 # Two real vLLM servers sharing one sidecar: engine instances (issue 14; two server starts, about 3 minutes).
 test-multi-server: install
@@ -28,6 +28,11 @@ test-multi-server: install
 # one more server start, about 2 minutes).
 test-tensor-parallel: install
 	$(PY) -m pytest -q -ra -m tensor_parallel tests/e2e/test_vllm_tensor_parallel.py
+
+# Real vLLM with --data-parallel-size 2: two engine cores, each its own sub-instance counting its own steps
+# (issue 14; one more server start, about 3 minutes on 2 cores).
+test-data-parallel: install
+	$(PY) -m pytest -q -ra -m data_parallel tests/e2e/test_vllm_data_parallel.py
 
 # Real SGLang on CPU in its own venv, .venv/sglang (about 4 minutes and 3.8 GB the first time; docs/sglang.md).
 test-sglang: install

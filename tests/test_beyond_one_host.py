@@ -240,3 +240,32 @@ async def test_two_probes_of_one_role_rank_pid_and_host_on_one_disk_answer_the_r
         # Instance b's every step holds the sleep; a's hold none, so most of its steps are far shorter.
         assert (min(durations_ms) >= SLOW_MS) if instance == "b" else (min(durations_ms) < SLOW_MS), (instance, durations_ms)
     assert not list((volume / "recorder").glob("*.json")), "each dump was deleted once sent"
+
+
+def test_a_data_parallel_engine_core_names_its_own_sub_instance(monkeypatch):
+    """vLLM reconfigures each data-parallel engine of a dense model as an independent one
+    (``data_parallel_size`` 1, ``data_parallel_rank`` 0): only its process's name, ``EngineCore_DP<k>``,
+    says which engine it is. The plugin names the sub-instance there; its workers inherit it."""
+    from types import SimpleNamespace
+
+    from sidecar import config
+    from sidecar_vllm.hooks import engine_instance
+    from sidecar_vllm.plugin import data_parallel_instance
+
+    assert data_parallel_instance("node-41", "EngineCore_DP0") == "node-41/dp0"
+    assert data_parallel_instance("node-41", "EngineCore_DP1") == "node-41/dp1"
+    assert data_parallel_instance("node-41/dp1", "EngineCore_DP1") == "node-41/dp1"  # loaded twice: once
+    for other in ("EngineCore", "MainProcess", "VllmWorker-0", "EngineCore_DPx"):
+        assert data_parallel_instance("node-41", other) == "node-41", other
+
+    independent = SimpleNamespace(vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(
+        data_parallel_size=1, data_parallel_rank=0, data_parallel_index=1)))
+    monkeypatch.setenv(config.ENV_INSTANCE, "node-41/dp1")  # as engine core 1 set it for its workers
+    assert engine_instance(independent, "worker") == "node-41/dp1"
+    # A config that still says data parallel (MoE engines keep size and rank) adds nothing twice.
+    moe = SimpleNamespace(vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(
+        data_parallel_size=2, data_parallel_rank=1)))
+    assert engine_instance(moe, "engine_core") == "node-41/dp1"
+    monkeypatch.setenv(config.ENV_INSTANCE, "node-41")
+    assert engine_instance(moe, "engine_core") == "node-41/dp1"
+    assert engine_instance(moe, "api_server") == "node-41"

@@ -62,11 +62,15 @@ def engine_instance(obj, role: str) -> str:
     """The engine instance ``obj`` belongs to: the server's (``SIDECAR_INSTANCE``, which the plugin
     sets in the server's first process and its engine processes inherit; vLLM's own
     ``VllmConfig.instance_id`` differs between the processes of one server), and under data
-    parallelism the engine core's rank, since each data-parallel engine core counts its own steps."""
+    parallelism the engine core's sub-instance ``<server>/dp<k>``, since each data-parallel engine
+    core counts its own steps: named by the plugin in the engine core's process, from vLLM's name for
+    it (``plugin.data_parallel_instance``), and inherited by its workers. A config that still says
+    data parallel (an engine launched otherwise) names it from its rank."""
     server = os.environ.get(config.ENV_INSTANCE, "")
     parallel = getattr(getattr(obj, "vllm_config", None), "parallel_config", None)
     if server and role != ROLE_API_SERVER and (getattr(parallel, "data_parallel_size", 1) or 1) > 1:
-        return f"{server}/dp{getattr(parallel, 'data_parallel_rank', 0)}"
+        suffix = f"/dp{getattr(parallel, 'data_parallel_rank', 0)}"
+        return server if server.endswith(suffix) else server + suffix
     return server
 
 

