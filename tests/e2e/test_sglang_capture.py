@@ -1,5 +1,6 @@
 """Issue 12 end to end: the real multi-process SGLang server (CPU, from .venv/sglang/) with the plugin
-loaded through SGLang's own ``sglang.srt.plugins`` entry point, and the sidecar beside it."""
+loaded through SGLang's own ``sglang.srt.plugins`` entry point, and the sidecar beside it. One server
+for the session (about a minute to start on 2 cores); `make test` and `make test-sglang` run these."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def sglang_stack(tiny_model, tmp_path_factory):
         stack.close()
 
 
-def test_three_step_capture_records_scheduler_and_http_server(sglang_stack, background_load, tmp_path):
+def test_three_step_capture_records_scheduler_and_http_server_with_their_phases(sglang_stack, background_load,
+                                                                               tmp_path):
     client = SidecarClient(sglang_stack.sidecar_url)
     procs = {p["role"]: p for p in client.request("GET", "/processes")["processes"]}
     assert set(procs) == {"api_server", "scheduler"}, procs
@@ -61,6 +63,24 @@ def test_three_step_capture_records_scheduler_and_http_server(sglang_stack, back
     assert any(e.get("pid") == server["pid"] and e.get("ph") == "X" for e in events), "no events from the HTTP server"
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     assert "scheduler" in names[scheduler["pid"]]
+
+    # Step anatomy: the scheduler's phases are SGLang's own stage ranges, entered only under a
+    # profiler; the HTTP server's the plugin's, switched on for the capture.
+    table = trace["inference_sidecar"]["phase_ranges"]
+    assert table == {"scheduler.get_next_batch_to_run": "schedule", "scheduler.run_batch": "forward",
+                     "scheduler.process_batch_result": "update", "sidecar: process inputs": "input",
+                     "sidecar: process outputs": "output"}, table
+    anatomy = client.summary(status["id"])["anatomy"]
+    assert anatomy is not None
+    rows = {p["pid"]: p for p in anatomy["processes"]}
+    sched = rows[scheduler["pid"]]
+    assert len(sched["steps"]) == 3 and sched["complete_steps"] >= 2, sched
+    for step in (s for s in sched["steps"] if not s["partial"]):
+        assert step["phases_us"]["schedule"] > 0 and step["phases_us"]["forward"] > 0, step
+    assert sched["total_us"]["update"] > 0, sched
+    assert anatomy["largest"] is not None and f"largest phase {anatomy['largest']['label']}" in status["headline"]
+    (between,) = [b for b in anatomy["between_forwards"] if b["pid"] == scheduler["pid"]]
+    assert between["mean_host_us"] > 0
 
 
 def _complete(stack, prompt: str, max_tokens: int) -> dict:
@@ -114,3 +134,39 @@ def test_requests_become_the_genai_metrics_and_recorder_rows(sglang_stack):
     mine = [r for r in server["requests"] if r["arrived_ns"] >= since_ns]
     assert len(mine) == 3 and all(r["outcome"] == "finished" and r["ttft_ms"] > 0 and r["output_tokens"] == 6
                                   for r in mine), mine
+
+
+def test_requests_in_flight_come_from_the_scheduler(sglang_stack):
+    """``GET /requests`` lists a request SGLang is decoding, as its scheduler holds it (phase, tokens,
+    age), once; the HTTP server answers that it does not know requests; the in-flight gauge counts it.
+    Its client leaves (SGLang aborts it): it is listed no more."""
+    client = SidecarClient(sglang_stack.sidecar_url)
+    rid = f"sidecar-in-flight-{time.time_ns()}"
+    body = {"model": sglang_stack.served_name, "prompt": "tell a long story about the engine", "max_tokens": 1500,
+            "temperature": 0.0, "ignore_eos": True, "stream": True, "rid": rid}
+    req = urllib.request.Request(f"{sglang_stack.server_url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    stream = urllib.request.urlopen(req, timeout=120)
+    try:
+        assert stream.readline().startswith(b"data:")  # its first tokens are out: it is decoding
+        seen, gauge, deadline = None, 0.0, time.monotonic() + 60
+        while time.monotonic() < deadline and (seen is None or gauge < 1):
+            listing = client.request("GET", "/requests")
+            mine = [r for r in listing["requests"] if r["id"] == rid]
+            if mine and mine[0]["phase"] == "decode" and mine[0]["output_tokens"] > 0:
+                seen = seen or (mine, listing)
+                gauge = _metric_sum(client, "sidecar_requests_in_flight")  # from the heartbeats (2 s)
+            time.sleep(0.2)
+        assert seen is not None, "the request was never listed as decoding"
+        (found,), listing = seen  # listed once
+        assert found["process"].startswith("scheduler") and found["prompt_tokens"] > 0, found
+        assert 0 <= found["age_s"] < 60 and 0 < found["output_tokens"] < 1500, found
+        knows = sorted((p["process"].split(" (")[0], p["knows_requests"]) for p in listing["processes"])
+        assert knows == [("API server", False), ("scheduler rank 0", True)], listing["processes"]
+        assert gauge >= 1, "the heartbeats' in-flight count never showed the request"
+    finally:
+        stream.close()  # the client leaves: SGLang aborts the request
+    deadline = time.monotonic() + 60
+    while rid in {r["id"] for r in client.request("GET", "/requests")["requests"]}:
+        assert time.monotonic() < deadline, "the aborted request is still listed"
+        time.sleep(0.2)
