@@ -15,10 +15,13 @@ model: install
 demo: install model
 	$(PY) -m sidecar_vllm.demo --model $(MODEL)
 
+# SGLang's own venv too (.venv/sglang: about 10 minutes and 3.8 GB the first time, instant after): its
+# end-to-end tests are part of the suite (docs/sglang.md).
 test: install
 	@bash scripts/install-test-backends.sh
 	@bash scripts/install-browser.sh
-	$(PY) -m pytest -q -ra --durations=25 -m "not sglang and not multi_server and not tensor_parallel and not data_parallel"
+	@bash scripts/install-sglang.sh
+	$(PY) -m pytest -q -ra --durations=25 -m "not multi_server and not tensor_parallel and not data_parallel"
 
 # Two real vLLM servers sharing one sidecar: engine instances (issue 14; two server starts, about 3 minutes).
 test-multi-server: install
@@ -34,7 +37,7 @@ test-tensor-parallel: install
 test-data-parallel: install
 	$(PY) -m pytest -q -ra -m data_parallel tests/e2e/test_vllm_data_parallel.py
 
-# Real SGLang on CPU in its own venv, .venv/sglang (about 4 minutes and 3.8 GB the first time; docs/sglang.md).
+# The SGLang tests alone (also in `make test`): real SGLang on CPU from .venv/sglang (docs/sglang.md).
 test-sglang: install
 	@bash scripts/install-sglang.sh
 	$(PY) -m pytest -q -ra -m sglang tests/e2e/test_sglang_capture.py
