@@ -8,7 +8,8 @@ worst gap in an equally long window just before it. Then a server without the pl
 (issue 15): every option under 100 ms added; stacks at most a tenth of vLLM's stacks.
 
 Also per option: the capture's trace size, its end-to-end time (start to summary), and for sampled
-stacks the sampler's CPU time per recorded step in the engine core and the worker. And where each
+stacks the sampler's CPU time per recorded step in the engine core and the worker, and in every
+process its samples and its achieved / target rate (the API server's is capped, recorder.py). And where each
 round's worst gap came from (capture_anatomy.py): the engine core's and the worker's steps it spans,
 named by their place in the capture (start, recorded, stop, after the stop while exporting), from the
 flight recorder, beside the capture's timeline.
@@ -82,7 +83,9 @@ def sidecar_capture(stack: Stack, params: dict, poller: StatePoller | None = Non
         s = p.get("stack_summary")
         if s and p["steps_recorded"]:
             out[f"sampler_cpu_ms_per_step[{p['role']}]"] = round(1000 * s["sampler_cpu_s"] / p["steps_recorded"], 2)
+        if s and "samples" in s:  # the API server too: its event loop, sampled at its capped rate
             out[f"samples[{p['role']}]"] = s["samples"]
+            out[f"stack_hz[{p['role']}]"] = f"{s.get('achieved_hz')}/{s.get('target_hz')}"  # achieved / asked of it
     out["status"] = status
     return out
 

@@ -22,7 +22,8 @@ exported file over ``max_trace_mb`` is deleted and reported failed. The file's f
 the one the probe chose at ``arm`` when the export writes it (sidecar/probe/trace_root.py).
 
 Python stacks (``spec.stacks``): "sampled" gives the capture a ``StackSampler`` (stack_sampler.py),
-built at ``arm`` on the link thread. It starts right after the profiler and stops right before it,
+built at ``arm`` on the link thread; an API server's (``WindowCapture``) samples its event loop at
+no more than ``WINDOW_MAX_STACK_HZ``. It starts right after the profiler and stops right before it,
 so its samples cover exactly the recorded steps; on the step thread each costs a flag and a clock
 read. After the trace, the export thread dumps the raw samples beside it
 (``<stem>.stacks.msgpack``, sidecar/stack_samples.py: buffer copies and one msgpack encoding) and
@@ -89,12 +90,25 @@ def stack_mode(spec: CaptureSpec, role: Role) -> str:
     return "traced" if spec.stacks == "traced" and role.traced_stacks else "sampled"
 
 
-def make_sampler(spec: CaptureSpec, limits: ProbeLimits | None) -> StackSampler:
+# The highest rate at which a window capture (the API server) samples its event loop's thread,
+# whatever ``stack_hz`` asks. Every sample takes the GIL; while the loop runs Python (streaming
+# tokens) the sampler gets it only by forcing a switch, and each forced switch costs the loop two
+# wakeups by the OS: cheap on an idle host, up to tens of ms each on a loaded one (measured at
+# 1 kHz on a 2-core host at load 10-18: the sampler waited up to 1.2 s for the GIL and the loop's
+# worst delay was 1.5 s, docs/benchmarks.md). The loop mostly waits in epoll (GIL released), so
+# its stacks need far fewer samples than a step thread's; 50 Hz bounds the forced switches at 50
+# a second where 1 kHz made them 200 (one per switch interval).
+WINDOW_MAX_STACK_HZ = 50.0
+
+
+def make_sampler(spec: CaptureSpec, limits: ProbeLimits | None, max_hz: float | None = None) -> StackSampler:
     """The sampler of one capture, bounded by the probe's byte limit: the slices built from its
     samples may take at most a quarter of what the whole trace may (``StackSampler`` counts their
-    estimated bytes while it samples)."""
+    estimated bytes while it samples). ``max_hz``: this process's cap on ``spec.stack_hz`` (the
+    samples file and the summary say the rate used)."""
     bounds = {} if limits is None else {"max_bytes": max(1, min(limits.max_trace_bytes // 4, 32 << 20))}
-    return StackSampler(hz=spec.stack_hz, name=f"inference-sidecar-stacks-{spec.id}", **bounds)
+    hz = spec.stack_hz if max_hz is None else min(spec.stack_hz, max_hz)
+    return StackSampler(hz=hz, name=f"inference-sidecar-stacks-{spec.id}", **bounds)
 
 
 def make_profiler(spec: CaptureSpec, cuda_available: bool, with_stack: bool = False, with_modules: bool = False):
@@ -123,6 +137,7 @@ class StepCapture(StepWindow):
 
     RECORDING_STATE = P_CAPTURING
     OPEN_FAILED = "profiler failed to start"
+    MAX_STACK_HZ: float | None = None  # the step thread is sampled at the rate asked
     CANCELLED = "no step recorded before the capture ended"
 
     def __init__(
@@ -160,7 +175,7 @@ class StepCapture(StepWindow):
         self._on_step_thread_ns = 0
         self.stacks = stacks
         # Built here (the link thread): its thread starts now, not on the step thread.
-        self._sampler = make_sampler(spec, limits) if stacks == "sampled" else None
+        self._sampler = make_sampler(spec, limits, self.MAX_STACK_HZ) if stacks == "sampled" else None
 
     def abandon(self, error: str) -> None:
         """Give up after an unexpected error on the step path; report it, leave the engine alone."""
@@ -320,8 +335,13 @@ class WindowCapture(StepCapture):
 
     It records from ``arm`` (sent to every process at once) until the sidecar sends ``stop``, when
     the last step-driven process has finished. Start and stop run on the process's asyncio loop
-    thread, the thread whose work is worth recording.
+    thread, the thread whose work is worth recording: torch.profiler records the ops of the thread
+    that started it (measured on vLLM's API server, 2-core host at load 10-18: construct 0.2-0.3
+    ms, ``start()`` 0.9-24 ms, ``stop()`` 0.8-3.3 ms). Sampled stacks of that thread are taken at
+    most ``WINDOW_MAX_STACK_HZ`` times a second.
     """
+
+    MAX_STACK_HZ = WINDOW_MAX_STACK_HZ
 
     def __init__(self, spec, trace_path, report, exporter, loop, cuda_available=False, limits=None,
                  stacks="none", phase_scopes=None, phase_table=None) -> None:

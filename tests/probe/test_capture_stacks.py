@@ -4,6 +4,7 @@ its raw samples over beside its trace; the sidecar's export turns them into the 
 the summary (``finalize`` below runs it as the sidecar does), and a lost samples file never costs the
 trace."""
 
+import asyncio
 import errno
 import gzip
 import json
@@ -20,10 +21,11 @@ import pytest
 from sidecar.engine import API_SERVER, ENGINE_CORE, WORKER
 from sidecar.probe import stack_sampler
 from sidecar.probe.limits import ProbeLimits
-from sidecar.probe.recorder import StepCapture, stack_mode
+from sidecar.probe.recorder import WINDOW_MAX_STACK_HZ, StepCapture, WindowCapture, stack_mode
 from sidecar.protocol import CaptureReport, CaptureSpec
 from sidecar.service.disk_space import NO_SPACE
 from sidecar.service.merge import FinalizeResult, finalize_capture
+from sidecar.stack_samples import read as read_samples
 from sidecar.stack_samples import samples_path
 
 ID = "20260101-000000-abcdef"
@@ -292,3 +294,43 @@ def test_traced_stacks_use_torch_with_stack_in_an_allowed_role(tmp_path, exporte
     assert reports.last.stacks == "traced" and reports.last.stack_summary is None and reports.last.stacks_file is None
     events = json.loads(path.read_text())["traceEvents"]
     assert any(e.get("cat") == "python_function" for e in events)  # torch's tracer recorded Python calls
+
+
+def busy_event_loop_callback(seconds: float) -> None:
+    """Pure Python on the event loop, as an API server's token streaming is."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(200))
+
+
+@pytest.mark.parametrize("asked_hz, sampled_hz", [(1000.0, WINDOW_MAX_STACK_HZ), (20.0, 20.0)])
+def test_window_capture_samples_its_event_loop_at_a_capped_rate(tmp_path, exporter, asked_hz, sampled_hz):
+    """The API server's capture samples its event loop's thread at most WINDOW_MAX_STACK_HZ times a
+    second (each sample forces the loop to hand over the GIL: recorder.py), a lower rate as asked;
+    the samples file says the rate used, and the loop's own function is in the samples."""
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
+    try:
+        reports = Reports()
+        path = tmp_path / "probe-root" / "captures" / ID / "raw" / f"api_server-pid{os.getpid()}.json"
+        path.parent.mkdir(parents=True)
+        spec = CaptureSpec(id=ID, steps=5, stacks="sampled", stack_hz=asked_hz)
+        capture = WindowCapture(spec, str(path), reports, exporter, loop, stacks="sampled")
+        capture.start_window()
+        for _ in range(8):  # about 0.8 s of a busy loop, in callbacks as a server's are
+            loop.call_soon_threadsafe(busy_event_loop_callback, 0.1)
+        time.sleep(1.0)
+        capture.request_stop("done")
+        assert reports.done.wait(20)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(5)
+        loop.close()
+    done = reports.last
+    assert done.state == "done", done.error
+    samples = read_samples(done.stacks_file)
+    assert samples.raw.hz == sampled_hz and samples.raw.thread_id == loop_thread.ident
+    assert 0 < len(samples) <= sampled_hz * 3  # at most the capped rate over the window (< 3 s here)
+    names = {samples.raw.frames[f][0] for stack in samples.stacks for f in stack}
+    assert "busy_event_loop_callback" in names, sorted(names)[:20]
