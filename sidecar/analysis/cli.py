@@ -25,17 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here so that other sub-commands do not pay for the analyser's imports. The trace is
-    # read in a child forked before numpy and the analyses are imported (preload.py), and those
-    # imports take place while it reads.
-    from .errors import TraceFormatError
-    from .preload import early_read
+    # Imported here so that other sub-commands do not pay for the analyser's imports.
+    from . import TraceFormatError, analyze_path, format_report
 
     try:
-        with early_read(args.path) as reader:
-            from .summary import analyze_path
-
-            summary = analyze_path(args.path, top_n=args.top, loader=reader.load)
+        summary = analyze_path(args.path, top_n=args.top)
         if args.syncs:
             from ..syncs.trace import scan_trace
 
@@ -47,8 +41,6 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, sys.stdout, indent=1, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
-        from .report import format_report
-
         sys.stdout.write(format_report(summary))
         if args.syncs:
             sys.stdout.write(format_sync_sites(summary["sync_scan"]))

@@ -10,8 +10,7 @@ The per-event loop below stays plain Python on purpose: measured on the largest 
 takes 0.066 s, while building the same columns batch by batch with map/attrgetter passes and
 numpy masks took 0.13 s (each batch needs a dozen passes, each a C call per event). At
 ``finish`` the ``array.array`` columns become numpy arrays without a copy (``np.frombuffer``)
-for the vectorised analyses. Collecting needs no numpy: a reader forked before numpy is imported
-(preload.py) collects with ``finish_columns`` and the parent makes the columns numpy (``as_numpy``).
+for the vectorised analyses.
 """
 
 from __future__ import annotations
@@ -20,8 +19,9 @@ from array import array
 import msgspec
 from typing import Hashable, Sequence
 
+import numpy as np
+
 from .events import CompleteEvent, Kind, MetadataEvent, RawEvent, category_table, step_number
-from .stream import TopLevel, read_events
 
 Pid = Hashable  # an int in Kineto traces; merged or hand-made traces may use strings
 
@@ -206,42 +206,21 @@ class Collector:
             self.data.process_names[ev.pid] = str(ev.args.name)  # type: ignore[index]
 
     def finish(self, members: dict, skipped: int) -> TraceData:
-        """The TraceData with numpy columns, ready for the analyses."""
-        return as_numpy(self.finish_columns(members, skipped))
-
-    def finish_columns(self, members: dict, skipped: int) -> TraceData:
-        """The TraceData with its ``array.array`` columns as collected (what preload.py's child hands back)."""
         data = self.data
         data.members = members
         data.skipped_count = skipped
+        for columns in (data.gpu, *data.threads.values()):
+            for name in columns.__struct_fields__:
+                value = getattr(columns, name)
+                setattr(columns, name, np.frombuffer(value, dtype=_DTYPES[value.typecode]))
+        data.fractional_ts = _has_fraction(data.gpu.ts) or any(_has_fraction(t.ts) for t in data.threads.values())
         return data
 
 
-def read_columns(path: str) -> TraceData:
-    """Stream one trace file into ``array.array`` columns (``as_numpy`` makes them numpy)."""
-    top = TopLevel()
-    collector = Collector(path)
-    for batch in read_events(path, top):
-        collector.add(batch)
-    return collector.finish_columns(top.members, top.skipped_events)
+_DTYPES = {"d": np.float64, "i": np.int32, "b": np.int8, "q": np.int64}
 
 
-def as_numpy(data: TraceData) -> TraceData:
-    """``array.array`` columns made numpy arrays on the same buffers, and ``fractional_ts`` set."""
-    import numpy as np  # here, not at the top: see the module's docstring
-
-    dtypes = {"d": np.float64, "i": np.int32, "b": np.int8, "q": np.int64}
-    for columns in (data.gpu, *data.threads.values()):
-        for name in columns.__struct_fields__:
-            value = getattr(columns, name)
-            setattr(columns, name, np.frombuffer(value, dtype=dtypes[value.typecode]))
-    data.fractional_ts = _has_fraction(data.gpu.ts) or any(_has_fraction(t.ts) for t in data.threads.values())
-    return data
-
-
-def _has_fraction(values, sample: int = 2000) -> bool:
-    import numpy as np
-
+def _has_fraction(values: np.ndarray, sample: int = 2000) -> bool:
     head = values[:sample]
     return bool(np.any(head != np.trunc(head)))
 

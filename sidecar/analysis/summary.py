@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 import msgspec
 from pathlib import Path
-from typing import Callable
 
 from . import collectives, cpu, gaps, kernels, launches, ranks, steps, syncs
 from . import modules
 from . import anatomy
-from .collect import TraceData, as_numpy, read_columns
+from .collect import Collector, TraceData
 from .errors import TraceFormatError
 from .processes import split_processes
+from .stream import TopLevel, read_events
 from .view import ProcessView
 
 SCHEMA_VERSION = 1
@@ -55,7 +55,11 @@ def trace_files(path: str | os.PathLike) -> list[Path]:
 
 def load(path: str | os.PathLike) -> TraceData:
     """Stream one trace file into compact arrays."""
-    return as_numpy(read_columns(str(path)))
+    top = TopLevel()
+    collector = Collector(str(path))
+    for batch in read_events(str(path), top):
+        collector.add(batch)
+    return collector.finish(top.members, top.skipped_events)
 
 
 def analyze_process(view: ProcessView, top_n: int) -> ProcessResult:
@@ -108,23 +112,20 @@ def _profiler_stop_us(view: ProcessView) -> float | None:
     return kernels.us(sum(dur for _, _, dur in found)) if found else None
 
 
-def analyze_path(path: str | os.PathLike, top_n: int = 10, *, all_names: bool = False,
-                 loader: Callable[[Path], TraceData] = load) -> dict:
+def analyze_path(path: str | os.PathLike, top_n: int = 10, *, all_names: bool = False) -> dict:
     """Analyse a trace file (.json or .json.gz, gzip detected by content) or a folder of rank
     files. Raises TraceFormatError for anything unreadable.
 
     ``all_names``: the top-level ``top_kernels``, ``top_ops`` and ``collectives.top`` list every name,
     not the first ``top_n``: what ``sidecar diff`` compares (a kernel that left one capture's top ten is
-    still a figure to compare). The headline, the per-process lists and the largest gaps are unchanged.
-    ``loader``: how each file is read (``load``; ``sidecar analyze`` passes preload.py's, which takes
-    the file a child has already read)."""
+    still a figure to compare). The headline, the per-process lists and the largest gaps are unchanged."""
     if top_n < 1:
         raise ValueError("top_n must be at least 1")
     files = []
     results: list[ProcessResult] = []
     warnings: list[str] = []
     for file in trace_files(path):
-        data = loader(file)
+        data = load(file)
         views = split_processes(data)
         files.append(
             {
