@@ -1,6 +1,6 @@
 """Issue 12 end to end: the real multi-process SGLang server (CPU, from .venv/sglang/) with the plugin
 loaded through SGLang's own ``sglang.srt.plugins`` entry point, and the sidecar beside it. One server
-for the session (about a minute to start on 2 cores); `make test` and `make test-sglang` run these."""
+for the session (one to two minutes to start on 2 cores); `make test` and `make test-sglang` run these."""
 
 from __future__ import annotations
 
