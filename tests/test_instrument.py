@@ -299,3 +299,21 @@ async def test_a_single_process_loop_is_captured_through_a_real_sidecar(aiohttp_
         loop_thread.join(10)
         inst.close()
         telemetry.shutdown()
+
+
+def test_in_flight_reports_the_engines_own_view_or_none(make):
+    """``in_flight``: the engine's own view instead of the request calls', or None for a process that
+    reports none (another process of the engine does: the SGLang HTTP server)."""
+    default = make(telemetry=False)
+    default.request_started("r1", input_tokens=3)
+    assert [r["id"] for r in default.probe.recorder_dump()["in_flight"]] == ["r1"]
+
+    engine_view = [{"id": "e1", "arrived_ns": 1, "age_s": 0.0, "phase": "decode", "prompt_tokens": 2}]
+    own = make(telemetry=False, in_flight=lambda: engine_view)
+    own.request_started("r2")
+    assert own.probe.recorder_dump()["in_flight"] == engine_view
+
+    silent = make(telemetry=False, in_flight=None)
+    silent.request_started("r3")
+    dump = silent.probe.recorder_dump()
+    assert "in_flight" not in dump and "in_flight_error" not in dump
