@@ -1,4 +1,5 @@
-"""Issue 15 end to end: Python stacks in a capture of the real vLLM server, by sampling."""
+"""Issue 15 end to end: Python stacks in a capture of the real vLLM server, by sampling (the API
+server's event loop at a capped rate)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 import pytest
 
 from sidecar.client import SidecarClient
+from sidecar.probe.recorder import WINDOW_MAX_STACK_HZ
 
 pytestmark = pytest.mark.vllm
 
@@ -55,6 +57,12 @@ def test_sampled_stacks_from_the_engine_core_and_the_worker(vllm_stack, backgrou
         # vLLM's own Python, by file: the engine core's busy loop, the worker's model runner.
         files = {e["args"]["file"] for e in frames}
         assert any("/vllm/" in f for f in files), sorted(files)[:20]
+    # The API server's event loop is sampled too, at its capped rate (each sample makes the loop
+    # hand over the GIL: sidecar/probe/recorder.py), and says so in its summary.
+    api = by_role["api_server"]
+    assert api["stack_summary"]["samples"] > 0 and api["stack_summary"]["target_hz"] == WINDOW_MAX_STACK_HZ, api
+    api_files = {e["args"]["file"] for e in slices.get(api["pid"], [])}
+    assert any(f.endswith("asyncio/base_events.py") for f in api_files), sorted(api_files)[:20]
     core_files = {e["args"]["file"] for e in slices[by_role["engine_core"]["pid"]]}
     assert any(f.endswith("vllm/v1/engine/core.py") for f in core_files)
     # The summary names the hottest line, and the headline says it (built by the sidecar from each
