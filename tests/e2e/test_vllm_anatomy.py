@@ -19,6 +19,7 @@ def test_a_five_step_capture_shows_each_process_s_phases(vllm_stack, background_
     with background_load(vllm_stack, concurrency=4, duration_s=8) as load:
         time.sleep(1.5)
         status = client.wait(client.start(5)["id"], timeout=120)
+        load.stop()  # recorded: the rest of the load's time would only be waited for
     assert not load.join().failures
     assert status["state"] == "done", status
     by_role = {p["role"]: p for p in status["processes"]}

@@ -29,6 +29,7 @@ def test_five_step_capture_records_every_process(vllm_stack, background_load, tm
         started = client.start(5)
         assert started["state"] in ("armed", "capturing")
         status = client.wait(started["id"], timeout=120)
+        load.stop()  # recorded: the rest of the load's time would only be waited for
     assert not load.join().failures
     assert status["state"] == "done", status
     roles = Counter(p["role"] for p in status["processes"])
@@ -71,6 +72,7 @@ def test_second_and_third_captures_on_the_same_server(vllm_stack, background_loa
         time.sleep(1)
         first = client.wait(client.start(3, processes="worker")["id"], timeout=60)
         second = client.wait(client.start(2, delay=2, record_shapes=True)["id"], timeout=60)
+        load.stop()
     assert not load.join().failures
     assert first["state"] == "done" and [p["role"] for p in first["processes"]] == ["worker"]
     assert second["state"] == "done" and {p["steps_recorded"] for p in second["processes"] if p["role"] != "api_server"} == {2}

@@ -17,6 +17,7 @@ def test_a_capture_with_modules_times_the_models_real_layers(vllm_stack, backgro
     with background_load(vllm_stack, concurrency=4, duration_s=10) as load:
         time.sleep(1.5)
         status = client.wait(client.start(3, with_modules=True, processes="worker")["id"], timeout=120)
+        load.stop()  # recorded: the rest of the load's time would only be waited for
     assert not load.join().failures
     assert status["state"] == "done", status
     assert status["options"]["with_modules"] is True
@@ -49,6 +50,7 @@ def test_the_module_timing_job_names_the_real_layers_and_leaves_no_hook(vllm_sta
         started = client.start_modules(4)
         assert [p.split(" (")[0] for p in started["processes"]] == ["worker rank 0"], started  # only the model's process
         job = client.wait(started["id"], timeout=120, path="/modules/")
+        load.stop()
     assert not load.join().failures, "no request failed while the hooks were in"
     assert job["state"] == "done", job
     assert job["clock"] == "cpu" and job["hooks_left"] == 0
@@ -69,5 +71,6 @@ def test_the_module_timing_job_names_the_real_layers_and_leaves_no_hook(vllm_sta
     with background_load(vllm_stack, concurrency=2, duration_s=8) as load:
         time.sleep(1)
         status = client.wait(client.start(2, processes="worker")["id"], timeout=120)
+        load.stop()
     assert not load.join().failures
     assert status["state"] == "done", status
