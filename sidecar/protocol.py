@@ -88,6 +88,11 @@ so that step is recorded; the sidecar's ``begin`` (the highest of the counts, no
 processes further when it arrives before their first step. It ends after ``steps`` working steps or
 when the request does (``REQUEST_ENDED``: the engine integration ends it on each step thread).
 
+Version 10 (issue 14): a marker's name (``hello.marker``) says its pid space, ``<pid>-<random>-<pid
+space>-<host>`` (sidecar/probe/marker.py), so a probe clears by their dead pid only the markers of its
+own host and pid namespace, never a live one of another container sharing the volume. A version-9
+sidecar would refuse the new name as a malformed hello, not name both versions, hence the new version.
+
 Version 9 (issue 13): the module-timing job (``module_arm``, ``modules``) and the capture spec's
 ``with_modules``: an older probe would drop the one and ignore the other silently (the job would only
 time out), hence the new version.
@@ -116,7 +121,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 PROBE_WS_PATH = "/probe/ws"
 PROBE_MARKERS_DIR = "probes"  # <trace root>/probes/<hello.marker>: a probe's marker (sidecar/probe/trace_root.py)
 RECORDER_DIR = "recorder"  # <trace root>/recorder/<probe file stem>-q<query id>.json: a recorder dump
@@ -281,7 +286,9 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     pass
 
 
-Marker = Annotated[str, msgspec.Meta(pattern=r"^([0-9]{1,10}-[0-9a-f]{32})?\Z")]  # "<pid>-<random>", or none
+# "<pid>-<random>-<pid space>-<host>" (sidecar/probe/marker.py, which reads its groups), or none
+MARKER_PATTERN = rf"^(?:([0-9]{{1,10}})-([0-9a-f]{{32}})-([0-9a-f]{{16}})-([A-Za-z0-9_.-]{{1,{HOST_CHARS}}}))?\Z"
+Marker = Annotated[str, msgspec.Meta(pattern=MARKER_PATTERN)]
 CHUNK_BYTES = 512 * 1024  # base64 makes it about 700 KB: under the channel's 1 MiB frame limit
 
 

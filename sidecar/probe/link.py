@@ -55,12 +55,16 @@ class SidecarLink:
         protocol: int = PROTOCOL_VERSION,
         files_at: str = "",
         marker: str = "",
+        before_hello: Callable[[], None] | None = None,
     ) -> None:
-        """``files_at``, ``marker``: the probe's trace root and its marker file there (``hello``)."""
+        """``files_at``, ``marker``: the probe's trace root and its marker file there (``hello``).
+        ``before_hello``: called on the link thread before each connection's hello (the probe
+        touches its marker there, so that the sidecar finds it even where it was cleared)."""
         self._url = endpoint.rstrip("/") + PROBE_WS_PATH
         self._process = process
         self._protocol = protocol
         self._files_at, self._marker = files_at, marker
+        self._before_hello = before_hello
         self._on_message = on_message
         self._on_disconnect = on_disconnect
         self._heartbeat = heartbeat
@@ -173,6 +177,8 @@ class SidecarLink:
         """Hello, the server's challenge checked, then this probe's proof. False: the connection is
         left, and nothing but the hello was sent on it."""
         nonce = auth.new_nonce()
+        if self._before_hello is not None:
+            self._before_hello()
         await ws.send_str(encode(Hello(protocol=self._protocol, process=self._process, nonce=nonce,
                                        files_at=self._files_at, marker=self._marker)))
         try:

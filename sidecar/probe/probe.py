@@ -61,6 +61,7 @@ from .recorder import StepCapture, WindowCapture, stack_mode
 from ..protocol import MODEL_EXTRA, ModuleArm, ModuleReport, ModuleSpec
 from .module_job import ModuleTiming
 from .request_capture import RequestCaptureAsks
+from .marker import MarkerName
 from .trace_root import TraceRoot
 from .watchdog import Watchdog, threshold_from_environment
 from ..step_window import clip
@@ -68,10 +69,10 @@ from ..step_window import clip
 log = logging.getLogger(__name__)
 
 
-def _make_marker(root: TraceRoot) -> str:
+def _make_marker(root: TraceRoot, host: str) -> str:
     """This probe's marker in its trace root; "" (its files will be fetched) when it cannot be made."""
     try:
-        return root.make_marker()
+        return root.make_marker(MarkerName.for_this_process(host))
     except (OSError, ValueError) as exc:
         log.warning("inference-sidecar: no marker in %s (%s): the sidecar will fetch this process's files",
                     root.path, exc)
@@ -178,7 +179,7 @@ class Probe:
                                      lambda: thread_stacks.snapshot(ring.step_thread_id))
         # Files go over the channel where the sidecar does not see this marker (another host) or
         # where SIDECAR_PROBE_SEND_FILES asks (file_sender.py).
-        self._marker = "" if config.env_flag(config.ENV_PROBE_SEND_FILES) else _make_marker(self.trace_root)
+        self._marker = "" if config.env_flag(config.ENV_PROBE_SEND_FILES) else _make_marker(self.trace_root, self.identity.host)
         self._files = FileSender(self.trace_root)
         self._link = SidecarLink(
             endpoint or config.endpoint(),
@@ -189,6 +190,7 @@ class Probe:
             warmup=_warm_profiler_imports,
             files_at=os.path.realpath(self.trace_root.path),
             marker=self._marker,
+            before_hello=(lambda: self.trace_root.refresh_marker(self._marker)) if self._marker else None,
         )
         # A process that receives requests (a window role, the API server) asks for request-scoped
         # captures from its event loop; step-driven processes only record them.

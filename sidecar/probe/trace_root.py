@@ -14,15 +14,17 @@ from __future__ import annotations
 import errno
 import os
 import re
-import secrets
 import shutil
+import socket
+import time
 from pathlib import Path
 
 from ..protocol import JOB_ID_PATTERN, PROBE_MARKERS_DIR, RECORDER_DIR
+from .marker import MAX_AGE_S, MarkerName
 
 CAPTURES = "captures"
 RAW = "raw"
-PROBES = PROBE_MARKERS_DIR  # <root>/probes/<pid>-<random>: one empty marker per probe, for the sidecar to look for
+PROBES = PROBE_MARKERS_DIR  # <root>/probes/<marker name>: one empty marker per probe, for the sidecar to look for
 NO_SPACE = "no space left on device"
 # After an export, less free space than this on the trace's file system means the write hit the
 # wall: Kineto's writer does not raise on a full disk, it leaves a cut-short or empty file.
@@ -47,26 +49,52 @@ class TraceRoot:
         ``<root>/recorder/<stem>-q<id>.json``. The sidecar reads it and deletes it."""
         return self._under_root("the recorder dump", stem, RECORDER_DIR, f"{stem}-q{int(query_id)}.json")
 
-    def make_marker(self) -> str:
-        """Create this process's marker file, ``<root>/probes/<pid>-<random>``, and return its name.
-        The sidecar looks for it (``hello.marker``): where it sees it, the two share this file
-        system and the sidecar reads the probe's files itself; else it fetches them over the channel.
-        Markers of processes no longer alive on this host are removed first. Raises OSError."""
-        folder = Path(self._under_root("the probe markers", PROBES, PROBES))
-        folder.mkdir(mode=0o700, exist_ok=True)
+    def make_marker(self, mine: MarkerName | None = None) -> str:
+        """Create this process's marker file, ``<root>/probes/<mine.name>`` (marker.py; None: this
+        process's, with the host's name), and return its name. The sidecar looks for it
+        (``hello.marker``): where it sees it, the two share this file system and the sidecar reads
+        the probe's files itself; else it fetches them over the channel.
+        Stale markers are removed first: those of ``mine``'s pid space whose process is gone, and any
+        older than ``marker.MAX_AGE_S`` (a probe in another container or on another host: its pid
+        says nothing here). Raises OSError."""
+        if mine is None:
+            mine = MarkerName.for_this_process(socket.gethostname())
+        folder = self._markers_folder()
+        now = time.time()
         for old in folder.iterdir():
-            pid = old.name.partition("-")[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            other = MarkerName.parse(old.name)
+            if other is None:
+                continue
+            if other.pid_is_mine_to_check(mine) and not _alive(other.pid):
                 old.unlink(missing_ok=True)
-        name = f"{os.getpid()}-{secrets.token_hex(16)}"
-        (folder / name).touch(mode=0o600)
-        return name
+                continue
+            try:
+                if now - old.stat().st_mtime > MAX_AGE_S:
+                    old.unlink(missing_ok=True)
+            except OSError:  # another probe removed it meanwhile
+                pass
+        (folder / mine.name).touch(mode=0o600)
+        return mine.name
+
+    def refresh_marker(self, name: str) -> None:
+        """Touch this probe's marker, making it again if it was removed: called before each
+        connection's hello, so the marker the sidecar looks for is there and young (only a marker
+        left behind grows old enough to be cleared by age)."""
+        try:
+            (self._markers_folder() / name).touch(mode=0o600)
+        except (OSError, ValueError):  # the sidecar will fetch this probe's files
+            pass
 
     def remove_marker(self, name: str) -> None:
         try:
             (self.path / PROBES / name).unlink()
         except OSError:
             pass
+
+    def _markers_folder(self) -> Path:
+        folder = Path(self._under_root("the probe markers", PROBES, PROBES))
+        folder.mkdir(mode=0o700, exist_ok=True)
+        return folder
 
     def _under_root(self, what: str, stem: str, *parts: str) -> str:
         if os.sep in stem or stem in ("", ".", ".."):
