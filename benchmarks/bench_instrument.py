@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import timeit
 import time
@@ -49,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 2 or args.number < 1 or not 0 <= args.quantile <= 1:
         parser.error("--rounds must be at least 2, --number at least 1, --quantile within 0..1")
-    os.environ.setdefault("SIDECAR_TRACE_DIR", str(ROOT / "bench-results" / "instrument-traces"))
-    inst = sidecar.instrument("bench", telemetry=False, endpoint="http://127.0.0.1:9", cuda_available=False)
+    inst = sidecar.instrument("bench", telemetry=False, endpoint="http://127.0.0.1:9", cuda_available=False,
+                              trace_root=ROOT / "bench-results" / "instrument-traces")
     probe = inst.probe
     if probe is None:
         parser.error("the probe did not start (SIDECAR_DISABLE set?)")
