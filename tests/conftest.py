@@ -1,4 +1,6 @@
-"""Shared fixtures. The real vLLM stack is started once per test session, on first use."""
+"""Shared fixtures. The real vLLM stack is started once per test session: on a thread of its own as
+the session begins, where a collected test uses it, so that its start (one core's work, 40-70 s on a
+2-core host) overlaps the first tests (trace analysis, one core's work too)."""
 
 from __future__ import annotations
 
@@ -37,38 +39,54 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_model(tmp_path_factory.mktemp("model") / "tiny", size="tiny")
 
 
+class BackgroundStart:
+    """``stack.start()`` on a thread of its own; ``result()`` waits for it. Its processes get the
+    environment of the moment they are spawned: the tests that run beside the start (tests/analysis,
+    tests/browser) must leave the environment alone, as they do."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="vllm-stack-start", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.stack.start()
+        except BaseException as exc:  # noqa: BLE001 (raised by result())
+            self._error = exc
+
+    def result(self) -> Stack:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.stack
+
+    def close(self) -> None:
+        self._thread.join()
+        self.stack.close()
+
+
 @pytest.fixture(scope="session")
-def vllm_stack(tiny_model, tmp_path_factory):
+def _vllm_stack_start(tiny_model, tmp_path_factory):
+    start = BackgroundStart(VllmStack(model_dir=tiny_model, work_dir=tmp_path_factory.mktemp("stack")))
+    try:
+        yield start
+    finally:
+        start.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _early_vllm_stack(request):
+    """The session's vLLM stack starts with the session where some collected test uses it."""
+    if any("vllm_stack" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("_vllm_stack_start")
+
+
+@pytest.fixture(scope="session")
+def vllm_stack(_vllm_stack_start):
     """The sidecar and a real multi-process vLLM OpenAI server with the plugin installed."""
-    stack = VllmStack(model_dir=tiny_model, work_dir=tmp_path_factory.mktemp("stack"))
-    try:
-        yield stack.start()
-    finally:
-        stack.close()
-
-
-@pytest.fixture(scope="session")
-def slow_token_stack(tmp_path_factory):
-    """The sidecar and real vLLM serving the fixture models in one (tests/fixtures/slow_token_model,
-    ``planted=True``): a prompt ending in SLOW_TOKEN_ID makes one 1.5 s step; HANG_TOKEN_ID hangs a step
-    until the file ``env[ENV_HANG_RELEASE]`` exists (60 s at most); every forward makes the planted
-    syncs, which a sync scan counts (SIDECAR_SYNC_TREAT_CPU_AS_DEVICE=1); the step watchdog is at 3 s.
-    One per session (a server start costs 40-70 s on a 2-core host), for test_vllm_slow_token_fixture.py,
-    test_vllm_incidents.py, test_vllm_triggers.py and test_vllm_syncs.py."""
-    from slow_token_model import ENV_HANG_RELEASE, ENV_HANG_S, make_model_dir
-
-    model = make_model_dir(tmp_path_factory.mktemp("slow-token") / "model", planted=True)
-    work = tmp_path_factory.mktemp("slow-token-stack")
-    stack = VllmStack(model_dir=model, work_dir=work, env={
-        "SIDECAR_WATCHDOG_S": "3",
-        "SIDECAR_SYNC_TREAT_CPU_AS_DEVICE": "1",
-        ENV_HANG_RELEASE: str(work / "release-hang"),
-        ENV_HANG_S: "60",  # released early: the bound only has to outlast a slow host's examination
-    })
-    try:
-        yield stack.start()
-    finally:
-        stack.close()
+    return _vllm_stack_start.result()
 
 
 class BackgroundLoad:

@@ -13,60 +13,16 @@ again, the next capture works."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from fault_tools import SMALL_DISK_FLOOR_MB as FLOOR_MB
 from sidecar.client import SidecarClient, SidecarError
 from sidecar.service.disk_space import NO_SPACE, tree_bytes
-from sidecar_vllm.devtools import VllmStack
 
 pytestmark = pytest.mark.vllm
-
-TMPFS_MB = 24
-FLOOR_MB = 1  # the sidecar's --min-free-mb: low, so that a capture can start with little room left
-
-
-class SmallDisk:
-    """A process holding a user + mount namespace in which ``folder`` is a tmpfs of ``mb`` MiB."""
-
-    def __init__(self, folder: Path, mb: int) -> None:
-        for tool in ("unshare", "nsenter"):
-            assert shutil.which(tool), f"{tool} (util-linux) is needed to give the test a small disk"
-        folder.mkdir(parents=True)
-        self.folder = folder
-        self._holder = subprocess.Popen(
-            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-             f"mount -t tmpfs -o size={mb}m tmpfs '{folder}' && echo mounted && exec sleep 100000"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self._holder.stdout.readline().strip()
-        if line != "mounted":
-            self._holder.kill()
-            raise RuntimeError(f"cannot mount a tmpfs in a user namespace here: {self._holder.stderr.read().strip()}")
-
-    @property
-    def launcher(self) -> tuple[str, ...]:
-        """Runs a command inside the namespace, as the same user (uid 0 inside maps to it)."""
-        return ("nsenter", "-t", str(self._holder.pid), "--user", "--mount", "--preserve-credentials", "--")
-
-    def seen(self, path: Path) -> Path:
-        """``path`` inside the namespace, as this process can reach it."""
-        return Path(f"/proc/{self._holder.pid}/root") / path.relative_to("/")
-
-    def used_bytes(self) -> int:
-        st = os.statvfs(self.seen(self.folder))
-        return (st.f_blocks - st.f_bfree) * st.f_frsize
-
-    def free_bytes(self) -> int:
-        st = os.statvfs(self.seen(self.folder))
-        return st.f_bavail * st.f_frsize
-
-    def close(self) -> None:
-        self._holder.kill()
-        self._holder.wait(timeout=10)
 
 
 def open_files_under(pids: list[int], folder: Path) -> list[str]:
@@ -87,24 +43,23 @@ def open_files_under(pids: list[int], folder: Path) -> list[str]:
     return found
 
 
+FILLER = "filler"  # the file that takes the room, in the trace dir
+
+
 @pytest.fixture
-def small_disk_stack(tiny_model, tmp_path):
-    disk = SmallDisk(tmp_path / "traces", TMPFS_MB)
-    stack = VllmStack(model_dir=tiny_model, work_dir=tmp_path / "stack", launcher=disk.launcher,
-                      env={"SIDECAR_TRACE_DIR": str(disk.folder)}, sidecar_args=("--min-free-mb", str(FLOOR_MB)))
-    try:
-        stack.start()
-        yield stack, disk
-    finally:
-        stack.close()
-        disk.close()
+def small_disk_stack(fault_stack):
+    """The fault stack (conftest.py; tests after this one use it too) and its small disk, given back
+    with its room, however the test ended."""
+    stack = fault_stack.use()
+    yield stack, stack.disk
+    (stack.disk.seen(stack.disk.folder) / FILLER).unlink(missing_ok=True)
 
 
 def test_a_full_disk_is_named_leaves_nothing_behind_and_serving_goes_on(small_disk_stack, background_load):
     stack, disk = small_disk_stack
     client = SidecarClient(stack.sidecar_url)
     engine_pids = [p["pid"] for p in client.request("GET", "/processes")["processes"]]
-    filler = disk.seen(disk.folder) / "filler"
+    filler = disk.seen(disk.folder) / FILLER
     with background_load(stack, concurrency=4, duration_s=240) as load:
         time.sleep(1.5)
         # 1. No room: refused before anything is armed, with a JSON body that names the disk.

@@ -1,7 +1,8 @@
 """Issue #10, defect 10, end to end: with the real multi-process vLLM server, its probes connected
 and its OTLP endpoint down, the sidecar exits within seconds of SIGTERM (and serving goes on without
 it), then so does vLLM's API server (it took 14-30 s: its telemetry's final exports retried against
-the dead endpoint). Its own stack: the session's ``vllm_stack`` is shared and must stay up."""
+the dead endpoint). Not the session's ``vllm_stack``, which must stay up: the ``fault_stack``
+(conftest.py), which test_vllm_faults.py's outage leaves serving with its endpoint dead again."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import urllib.request
 
 import pytest
 
-from sidecar.devtools.stack import free_port
 from sidecar_vllm.devtools import VllmStack
 
 pytestmark = pytest.mark.vllm
@@ -41,17 +41,12 @@ def sigterm_and_wait(process: subprocess.Popen) -> float:
     return took
 
 
-def test_sidecar_then_server_exit_soon_after_sigterm(tiny_model, tmp_path):
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: every OTLP export is refused
-    stack = VllmStack(model_dir=tiny_model, work_dir=tmp_path / "stack", env={"OTEL_EXPORTER_OTLP_ENDPOINT": dead})
-    try:
-        stack.start()
-        complete(stack)  # request spans now wait in the export queue (5 s schedule delay)
+def test_sidecar_then_server_exit_soon_after_sigterm(fault_stack):
+    with fault_stack.use_up() as stack:
+        complete(stack)  # request spans now in the export queue or its export, retrying against the dead endpoint
         # Stack keeps its processes to itself; each is signalled alone here, so the test takes them.
         took = sigterm_and_wait(stack._sidecar)
         assert took < SIDECAR_EXIT_BOUND_S, f"the sidecar took {took:.1f} s to exit with 3 probes connected"
         complete(stack)  # serving goes on without the sidecar
         took = sigterm_and_wait(stack._server)
         assert took < SERVER_EXIT_BOUND_S, f"vLLM's API server took {took:.1f} s to exit; see {stack.work_dir}"
-    finally:
-        stack.close()

@@ -24,7 +24,7 @@ GAP_JITTER_S = 0.1
 
 @pytest.fixture
 def slow_stack(slow_token_stack):
-    """The session's slow-token server (tests/conftest.py), shared with test_vllm_incidents.py."""
+    """The fixture-model server (conftest.py), shared with test_vllm_incidents.py and others."""
     return slow_token_stack
 
 

@@ -1,7 +1,7 @@
 """Issue 4 end to end: the planted syncs on the real multi-process vLLM server, scanned through the
 sidecar's /sync endpoints, with SIDECAR_SYNC_TREAT_CPU_AS_DEVICE=1 (no GPU here, so no real syncs).
 
-The server is the session's fixture-model server (tests/conftest.py ``slow_token_stack``): the planted
+The server is the session's fixture-model server (conftest.py ``fixture_models``): the planted
 model with the slow-token triggers, whose two checks are syncs of their own, reported as well."""
 
 from __future__ import annotations

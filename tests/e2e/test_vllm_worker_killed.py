@@ -2,8 +2,9 @@
 
 vLLM cannot serve without its worker (the engine core and the API server go down with it), so no
 process can hand over a trace: the truthful verdict is ``failed``, reached within seconds (not at the
-capture's timeout), naming every process as lost, the worker among them. Its own stack: the
-session's ``vllm_stack`` is shared and must stay up."""
+capture's timeout), naming every process as lost, the worker among them. Not the session's
+``vllm_stack``, which must stay up: the fixture-model server (conftest.py), once the tests of its
+models are done with it (its models play no part here)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,12 @@ import time
 import pytest
 
 from sidecar.client import SidecarClient
-from sidecar_vllm.devtools import VllmStack
 
 pytestmark = pytest.mark.vllm
 
 
-def test_a_worker_killed_mid_capture_gives_a_prompt_truthful_verdict(tiny_model, tmp_path, background_load):
-    stack = VllmStack(model_dir=tiny_model, work_dir=tmp_path / "stack")
-    try:
-        stack.start()
+def test_a_worker_killed_mid_capture_gives_a_prompt_truthful_verdict(fixture_models, background_load):
+    with fixture_models.use_up() as stack:
         client = SidecarClient(stack.sidecar_url)
         worker = next(p for p in client.request("GET", "/processes")["processes"] if p["role"] == "worker")
         with background_load(stack, concurrency=4, duration_s=20) as load:
@@ -44,5 +42,3 @@ def test_a_worker_killed_mid_capture_gives_a_prompt_truthful_verdict(tiny_model,
         assert by_role["worker"]["label"] in status["reason"]
         # The sidecar itself is unharmed: it answers, and lists no process of the dead engine.
         assert client.request("GET", "/processes")["processes"] == []
-    finally:
-        stack.close()

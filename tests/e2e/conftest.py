@@ -1,0 +1,100 @@
+"""Servers the end-to-end tests share beyond the session's plain ``vllm_stack`` (tests/conftest.py).
+A vLLM server start costs 40-70 s on a 2-core host, so each of these is started once and used by
+several test files in turn, the last of which ends it (``fault_tools.ReusedStack``: a test that finds
+the stack ended, run alone or in another order, gets a fresh one). Files run in name order:
+
+- ``fixture_models``: test_vllm_incidents.py, test_vllm_slow_token_fixture.py, test_vllm_syncs.py,
+  test_vllm_triggers.py, then test_vllm_worker_killed.py kills its worker.
+- ``fault_stack``: test_vllm_disk_full.py, test_vllm_faults.py (the trace backend outage), then
+  test_vllm_shutdown.py SIGTERMs its sidecar and its server.
+
+When the first of the two is asked for, both start at once (each where a collected test needs it):
+one start is mostly one core's work, and the second core would otherwise wait.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fault_tools import SMALL_DISK_FLOOR_MB, SMALL_DISK_MB, ReusedStack, SmallDisk
+from sidecar.devtools.stack import free_port
+from sidecar_vllm.devtools import VllmStack
+
+
+def fixture_models_builder(tmp_path_factory) -> ReusedStack:
+    """The sidecar and real vLLM serving the fixture models in one (tests/fixtures/slow_token_model,
+    ``planted=True``): a prompt ending in SLOW_TOKEN_ID makes one 1.5 s step; HANG_TOKEN_ID hangs a step
+    until the file ``env[ENV_HANG_RELEASE]`` exists (60 s at most); every forward makes the planted
+    syncs, which a sync scan counts (SIDECAR_SYNC_TREAT_CPU_AS_DEVICE=1); the step watchdog is at 3 s."""
+    from slow_token_model import ENV_HANG_RELEASE, ENV_HANG_S, make_model_dir
+
+    def make(resources):
+        work = tmp_path_factory.mktemp("fixture-models")
+        model = make_model_dir(work / "model", planted=True)
+        return VllmStack(model_dir=model, work_dir=work / "stack", env={
+            "SIDECAR_WATCHDOG_S": "3",
+            "SIDECAR_SYNC_TREAT_CPU_AS_DEVICE": "1",
+            ENV_HANG_RELEASE: str(work / "release-hang"),
+            ENV_HANG_S: "60",  # released early: the bound only has to outlast a slow host's examination
+        })
+
+    return ReusedStack(make)
+
+
+def fault_stack_builder(tiny_model, tmp_path_factory) -> ReusedStack:
+    """vLLM and the sidecar with two faults in waiting. The trace dir, ``stack.disk.folder``, is a tmpfs
+    of SMALL_DISK_MB in a user and mount namespace of their own (``SmallDisk``; the sidecar's free-space
+    floor SMALL_DISK_FLOOR_MB): it fills when a test fills it. The OTLP endpoint (traces and metrics)
+    is ``stack.dead_port``, where nothing listens unless a test puts a backend there: every export is
+    refused, retried for up to 10 s (the exporters' default timeout), dropped. Spans leave the queue
+    after 0.2 s, and the queue holds 64 (the default 2048 would take minutes of load to fill);
+    metrics are pushed to the sidecar every second."""
+    def make(resources):
+        work = tmp_path_factory.mktemp("fault-stack")
+        disk = SmallDisk(work / "traces", SMALL_DISK_MB)
+        resources.callback(disk.close)
+        port = free_port()
+        stack = VllmStack(model_dir=tiny_model, work_dir=work / "stack", launcher=disk.launcher,
+                          sidecar_args=("--min-free-mb", str(SMALL_DISK_FLOOR_MB)), env={
+                              "SIDECAR_TRACE_DIR": str(disk.folder),
+                              "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                              "OTEL_BSP_SCHEDULE_DELAY": "200",
+                              "OTEL_BSP_MAX_QUEUE_SIZE": "64",
+                              "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64",  # the SDK's processor (the sidecar's spans) refuses more
+                              "SIDECAR_METRICS_PUSH_INTERVAL_MS": "1000",
+                          })
+        stack.disk, stack.dead_port = disk, port
+        return stack
+
+    return ReusedStack(make)
+
+
+@pytest.fixture(scope="session")
+def _shared_stacks(request, tiny_model, tmp_path_factory):
+    """Both stacks, each warming if a collected test uses it."""
+    stacks = {"fixture_models": fixture_models_builder(tmp_path_factory),
+              "fault_stack": fault_stack_builder(tiny_model, tmp_path_factory)}
+    try:
+        for name, reused in stacks.items():
+            if any(name in item.fixturenames for item in request.session.items):
+                reused.warm()
+        yield stacks
+    finally:
+        for reused in stacks.values():
+            reused.close()
+
+
+@pytest.fixture(scope="session")
+def fixture_models(_shared_stacks) -> ReusedStack:
+    return _shared_stacks["fixture_models"]
+
+
+@pytest.fixture(scope="session")
+def fault_stack(_shared_stacks) -> ReusedStack:
+    return _shared_stacks["fault_stack"]
+
+
+@pytest.fixture
+def slow_token_stack(fixture_models):
+    """The fixture-model server, serving."""
+    return fixture_models.use()
