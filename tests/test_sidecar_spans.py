@@ -52,3 +52,19 @@ def test_a_scan_is_a_span_in_the_users_backend(tmp_path):
 def test_without_an_endpoint_nothing_is_set_up():
     assert start_tracing({}) is None
     assert start_tracing({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_TRACES_EXPORTER": "none"}) is None
+
+
+def test_a_span_queue_smaller_than_the_sdks_default_batch_starts(tmp_path):
+    # The SDK's own default batch is 512 spans and it refuses a batch larger than the queue: the sidecar
+    # must pass the batch it computed (never above the queue), or `sidecar serve` dies at start.
+    # In a child process, since a TracerProvider can be set only once per process.
+    code = ("from sidecar.service.tracing import start_tracing\n"
+            "shutdown = start_tracing()\n"
+            "assert shutdown is not None\n"
+            "shutdown()\n"
+            "print('started')\n")
+    env = {"PATH": "/usr/bin:/bin", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces",
+           "OTEL_BSP_MAX_QUEUE_SIZE": "64"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and "started" in done.stdout, done.stderr[-2000:]

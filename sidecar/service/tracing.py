@@ -34,6 +34,9 @@ def start_tracing(env: Mapping[str, str] | None = None) -> Callable[[], None] | 
     provider = TracerProvider(resource=make_resource("sidecar", service_name=SERVICE_NAME), shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(otlp_span_exporter(settings.traces_protocol),
                                                    max_queue_size=settings.span_queue_size,
+                                                   # Passed, not left to the SDK: it reads its own default
+                                                   # batch (512) and refuses one larger than a smaller queue.
+                                                   max_export_batch_size=settings.span_batch_size,
                                                    schedule_delay_millis=settings.span_schedule_delay_ms))
     trace.set_tracer_provider(provider)
     log.info("inference-sidecar: the sidecar's spans go to OTLP (%s)", settings.traces_protocol)
