@@ -32,8 +32,9 @@ half of it.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from typing import Any, Callable
+
+from sidecar.integration.method_ranges import MethodRanges, Target
 
 log = logging.getLogger(__name__)
 
@@ -51,37 +52,14 @@ _USERS_ATTR = "_inference_sidecar_scope_users"
 _SAVED_ATTR = "_inference_sidecar_scope_saved"
 
 
-def _record_function():
-    from torch.autograd.profiler import record_function
-
-    return record_function
-
-
-def _ranged(method: Callable, name: str, record_function) -> Callable:
-    def ranged(*args: Any, **kwargs: Any):
-        with record_function(name):
-            return method(*args, **kwargs)
-
-    return ranged
-
-
-def _ranged_context(method: Callable, name: str, record_function) -> Callable:
-    @contextmanager
-    def ranged(*args: Any, **kwargs: Any):
-        with record_function(name), method(*args, **kwargs) as value:
-            yield value
-
-    return ranged
-
-
 class PhaseScopes:
     """One process's switch: ``(True)`` when recording starts, ``(False)`` before it stops (the
-    probe's ``phase_scopes``). ``targets``: (object, method name, range name, is a context manager)."""
+    probe's ``phase_scopes``). ``targets``: our ranges around the engine's methods
+    (``MethodRanges``' targets); ``vllm_scopes``: whether vLLM's own scopes are switched on too."""
 
-    def __init__(self, targets: Callable[[], list[tuple[Any, str, str, bool]]], vllm_scopes: bool) -> None:
-        self._targets = targets  # looked up when switched on: the engine's objects exist by then
+    def __init__(self, targets: Callable[[], list[Target]], vllm_scopes: bool) -> None:
+        self._ranges = MethodRanges(targets)  # looked up when switched on: the engine's objects exist by then
         self._vllm_scopes = vllm_scopes
-        self._shadowed: list[tuple[Any, str]] = []
         self._scopes_on = False
 
     def __call__(self, on: bool) -> None:
@@ -91,24 +69,17 @@ class PhaseScopes:
             self._off()
 
     def _on(self) -> None:
-        if self._shadowed or self._scopes_on:
+        if self._ranges.on or self._scopes_on:
             return
-        record_function = _record_function()
-        for obj, attr, name, context in self._targets():
-            if obj is None or attr in getattr(obj, "__dict__", {}):
-                continue  # not there, or shadowed by someone else: left alone
-            method = getattr(obj, attr)
-            wrap = _ranged_context if context else _ranged
-            setattr(obj, attr, wrap(method, name, record_function))
-            self._shadowed.append((obj, attr))
+        self._ranges(True)
         if self._vllm_scopes:
+            from torch.autograd.profiler import record_function
+
             _vllm_scopes_on(record_function)
             self._scopes_on = True
 
     def _off(self) -> None:
-        shadowed, self._shadowed = self._shadowed, []
-        for obj, attr in shadowed:
-            obj.__dict__.pop(attr, None)
+        self._ranges(False)
         if self._scopes_on:
             self._scopes_on = False
             _vllm_scopes_off()

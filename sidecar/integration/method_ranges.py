@@ -3,7 +3,8 @@
 for. The profile's ``phase_ranges`` name the ranges and their phases (sidecar/phases.py).
 
 ``MethodRanges(targets)``: ``targets()`` is called when the switch goes on (the engine's objects exist
-by then) and gives ``(object, method name, range name)``. On: each method is shadowed by an instance
+by then) and gives ``(object, method name, range name)``, or ``(object, method name, range name, True)``
+for a method that returns a context manager (the range then spans its ``with`` block). On: each method is shadowed by an instance
 attribute that enters ``torch.profiler.record_function(range name)`` around the call. Off: the
 instance attributes are deleted and the class's method is found again.
 
@@ -21,11 +22,22 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Callable, Iterable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Union
 
 log = logging.getLogger(__name__)
 
-Target = tuple[Any, str, str]  # (object, method name, range name)
+# (object, method name, range name[, returns a context manager])
+Target = Union[tuple[Any, str, str], tuple[Any, str, str, bool]]
+
+
+def _ranged_context(method: Callable, name: str, record_function) -> Callable:
+    @contextmanager
+    def ranged(*args: Any, **kwargs: Any):
+        with record_function(name), method(*args, **kwargs) as value:
+            yield value
+
+    return ranged
 
 
 def _ranged(method: Callable, name: str, record_function) -> Callable:
@@ -65,12 +77,13 @@ class MethodRanges:
             return
         from torch.autograd.profiler import record_function
 
-        for obj, attr, name in self._targets():
+        for obj, attr, name, *context in self._targets():
             state = getattr(obj, "__dict__", None)
             method = getattr(obj, attr, None) if state is not None else None
             if method is None or attr in state:
                 continue  # not there, or shadowed by someone else: left alone
-            state[attr] = _ranged(method, name, record_function)
+            wrap = _ranged_context if context and context[0] else _ranged
+            state[attr] = wrap(method, name, record_function)
             self._shadowed.append((obj, attr))
 
     def _off(self) -> None:
