@@ -57,3 +57,26 @@ def test_a_method_shadowed_by_someone_else_is_left_alone_and_on_twice_wraps_once
     assert engine.__dict__["schedule"] is wrapped and engine.other is theirs
     ranges(False)
     assert engine.other is theirs and "schedule" not in engine.__dict__
+
+
+def test_a_context_manager_method_gets_a_range_around_its_with_block():
+    import contextlib
+
+    class Core:
+        @contextlib.contextmanager
+        def waiting(self):
+            yield "value"
+
+    core = Core()
+    ranges = MethodRanges(lambda: [(core, "waiting", "range: wait", True)])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ranges(True)
+        with core.waiting() as value:
+            torch.ones(8).sum()
+        ranges(False)
+    assert value == "value"
+    [wait] = [e for e in prof.events() if e.name == "range: wait"]
+    [inside] = [e for e in prof.events() if e.name == "aten::sum"]
+    # The range spans the block, not only the call that made the context manager.
+    assert wait.time_range.start <= inside.time_range.start and inside.time_range.end <= wait.time_range.end
+    assert "waiting" not in core.__dict__
