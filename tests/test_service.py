@@ -146,15 +146,18 @@ async def test_busy_no_probes_and_stop(sidecar, engines):
 
 
 async def test_timeout_on_an_engine_that_went_idle_ends_partial(sidecar, engines):
-    client = await sidecar()
-    engines(client.url, "worker", "--rank", "0", "--steps-then-idle", "40", "--step-ms", "50")
+    client = await sidecar(max_steps=200)
+    # 120 steps of 50 ms: the engine is still stepping when the capture arms, even on a loaded
+    # runner (with 40 it had gone idle before the arm there, and never began); the 9 s timeout
+    # comes after it went idle.
+    engines(client.url, "worker", "--rank", "0", "--steps-then-idle", "120", "--step-ms", "50")
     await wait_processes(client, 1)
-    capture_id = (await (await client.get("/profile/start", params={"steps": "50", "timeout_s": "1"})).json())["id"]
-    status = await wait_final(client, capture_id, timeout=30)
+    capture_id = (await (await client.get("/profile/start", params={"steps": "150", "timeout_s": "9"})).json())["id"]
+    status = await wait_final(client, capture_id, timeout=40)
     # The engine stopped stepping while recording: torch can only stop on its step, so the
     # process is reported lost and the capture failed with the reason, without hanging.
     assert status["state"] in ("failed", "partial")
-    assert "timeout after 1 s" in status["reason"]
+    assert "timeout after 9 s" in status["reason"]
     assert status["processes"][0]["state"] in ("lost", "done")
 
 

@@ -13,6 +13,7 @@ import torch
 from sidecar.engine import GENERIC, EngineProfile, Role
 from sidecar.probe import Probe
 from sidecar.protocol import (
+    file_name_part,
     Arm,
     Begin,
     CaptureReport,
@@ -206,4 +207,6 @@ def test_the_window_capture_starts_on_arm_and_stops_on_stop_on_the_event_loop(tm
     assert all(isinstance(m, CaptureReport) for m, _ in told)
     # capturing and exporting are reported where torch.profiler starts and stops: the loop's thread
     assert {thread for _, thread in told[:2]} == {loop_thread.ident}
-    assert told[-1][0].file.endswith("api_server-pid%d.json" % probe.identity.pid) and told[-1][0].bytes > 0
+    # Named <role>-pid<pid>-<host>-p<probe id> (unique on a shared volume: docs/api.md).
+    assert told[-1][0].file.endswith("api_server-pid%d-%s-p%s.json" % (
+        probe.identity.pid, file_name_part(probe.identity.host), probe.identity.probe_id)) and told[-1][0].bytes > 0

@@ -97,7 +97,10 @@ def test_request_span_trees_in_phoenix(traced_stack, phoenix):
     assert len(mine) == want, f"{len(mine)} spans in Phoenix for {len(specs)} requests, expected {want}"
     # Sequential requests: each generated token took a worker step of its own.
     step_s = _mean_worker_step_s(traced_stack, at_least=sum(r.tokens for r in sent))
-    tolerance = 0.005 + step_s
+    # The client's own side (connection, its process waiting for a core) is in its TTFT: on a 2-core CI
+    # runner with other servers starting beside it that alone read 21 ms (median). The server's TTFT may
+    # never exceed the client's (per request, in the check); this bounds how much of it the server misses.
+    tolerance = 0.025 + step_s
     server_ttft = {s.attributes["gen_ai.response.id"]: s.attributes.get("gen_ai.response.time_to_first_chunk")
                    for s in mine if s.parent_id is None or s.parent_id == span_id}
     diffs = {r.request_id: round(server_ttft[ids[r.request_id]] - r.ttft_s, 4) for r in sent if r.stream}
