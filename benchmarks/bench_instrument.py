@@ -29,14 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
 import sidecar  # noqa: E402
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    lo = int(at)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
+from bench_hooks import quantile  # noqa: E402  (the same quantile as the probe's figures beside these)
 
 
 def main(argv: list[str] | None = None) -> int:
