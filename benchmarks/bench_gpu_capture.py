@@ -33,19 +33,21 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugins"), str(ROOT / "tests" / "gpu")]
 
 import torch  # noqa: E402
 
-from bench_capture_options import OPTIONS, TARGET_MS  # noqa: E402
+from bench_capture_options import CONTROL, OPTIONS, TARGET_MS  # noqa: E402
 from host import GpuHost  # noqa: E402
 
 BEFORE_S = 2.0
+CONTROL_S = 0.5  # about a 5-step capture's time from start to done on the stand-in
 STEP_ROLES = ("worker",)
 
 
 def bench_options() -> dict[str, dict]:
-    """bench_capture_options' options, on the API server and the worker (the module's docstring says why)."""
+    """bench_capture_options' options, on the API server and the worker (the module's docstring says why);
+    those of the engine core and the worker there, on the worker alone here."""
     out = {}
     for label, params in OPTIONS.items():
         if "processes" in params:
-            out["none (worker only)"] = {**params, "processes": "worker"}
+            out[label.replace("engine core and worker only", "worker only")] = {**params, "processes": "worker"}
         else:
             out[label] = {**params, "processes": "api_server,worker"}
     return out
@@ -64,10 +66,16 @@ def longest_intervals(recorder: dict, since_ns: int, until_ns: int) -> dict[str,
     return out
 
 
-def one_capture(host: GpuHost, params: dict) -> dict:
+def one_capture(host: GpuHost, params: dict, control: bool = False) -> dict:
+    """``control``: the same windows with no capture in the second (a wait as long as a capture takes), to
+    read what the measure itself says when nothing is captured."""
     time.sleep(BEFORE_S)
     t0 = time.time_ns()
-    status = host.client.wait(host.client.start(5, **params)["id"], timeout=120)
+    if control:
+        time.sleep(CONTROL_S)
+        status = {"state": "none", "trace_bytes": 0}
+    else:
+        status = host.client.wait(host.client.start(5, **params)["id"], timeout=120)
     t1 = time.time_ns()
     recorder = host.client.request("GET", "/recorder", {"seconds": str(BEFORE_S + (t1 - t0) / 1e9 + 2)})
     before = longest_intervals(recorder, t0 - int(BEFORE_S * 1e9), t0)
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, params in bench_options().items():
             rounds = []
             for _ in range(args.rounds):
-                rounds.append(one_capture(host, params))
+                rounds.append(one_capture(host, params, control=label == CONTROL))
                 print(f"{label}: {rounds[-1]}", flush=True)
             results["options"][label] = {"rounds": rounds,
                                          "median_added_ms": statistics.median(r["worst_added_ms"] for r in rounds)}
