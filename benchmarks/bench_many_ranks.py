@@ -480,7 +480,7 @@ def wrap(name, fn):
     return wrapped
 
 merge.check_trace = wrap("check (first pass over each raw trace)", merge.check_trace)
-merge._compress_with_stacks = wrap("compress (each raw trace)", merge._compress_with_stacks)
+merge.compress_with_stacks = wrap("compress (each raw trace)", merge.compress_with_stacks)
 merge.write_merged = wrap("merge (second pass, all ranks)", merge.write_merged)
 merge._analyse = wrap("analyse the merged trace", merge._analyse)
 capture = Path(sys.argv[2])

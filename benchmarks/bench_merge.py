@@ -123,7 +123,7 @@ def reference_write_merged(path: Path, traces: list[tuple[Any, dict]]) -> None:
 
 
 def _reference_events(index: int, rec: Any, events: list, shift_us: float):
-    from sidecar.service.merge import DEVICE_PID_BASE, FLOW_ID_STRIDE, _meta
+    from sidecar.service.merged_trace import DEVICE_PID_BASE, FLOW_ID_STRIDE, _meta
 
     device_pids: dict[Any, int] = {}
 

@@ -56,7 +56,7 @@ def worker(folder, pid=101):
 def test_compression_on_a_full_disk_names_it_and_leaves_nothing(tmp_path, monkeypatch):
     folder = capture_dir(tmp_path)
     rec = worker(folder)
-    monkeypatch.setattr(merge.shutil, "copyfileobj", enospc)
+    monkeypatch.setattr(shutil, "copyfileobj", enospc)  # the streamed copy into the gzip file
     result = finalize_capture(folder, [rec], max_bytes=1 << 30)
     error = result.processes[rec.stem].error
     assert disk_space.NO_SPACE in error, error

@@ -4,7 +4,7 @@ Every time in a dump is the probe's own ``time.time_ns()`` (sidecar/flight_ring.
 that clock may be seconds off the sidecar's, and ``/recorder`` merges every process's rows on one
 timeline and picks them by a window read on the sidecar's clock. So the times of a process whose
 measured offset exceeds its uncertainty (clock_sync.py: ``correction_ns``, never on one host) are
-moved by that offset, as its trace is in a capture's merged trace (merge.py ``aligned_base_ns``),
+moved by that offset, as its trace is in a capture's merged trace (raw_trace.py ``aligned_base_ns``),
 before the rows are built. Durations do not change; an unknown time (-1) or an absent one (0) stays.
 """
 

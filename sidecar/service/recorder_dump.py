@@ -45,7 +45,7 @@ async def gather_recording(queries: QueryBroker, conns: list, seconds: float) ->
 
 
 def read_dump(reported: str | None, expected_name: str) -> dict:
-    """The dump a probe wrote, read and deleted. Like a capture's raw trace (merge.py), only a file of
+    """The dump a probe wrote, read and deleted. Like a capture's raw trace (raw_files.py), only a file of
     the name this query and process give, in a ``recorder`` folder: a probe's trace root may differ
     from the sidecar's trace dir, but a report never leads the sidecar to read or delete another file."""
     if not reported:
