@@ -1,7 +1,7 @@
-"""One capture across 16 ranks, over the real probe channel (benchmarks/bench_many_ranks.py's simulated
-ranks, with small traces): it ends ``done``, and every rank is in the merged trace, named, with its
-GPU track, and in the summary. A correctness check of the many-ranks benchmark's path; its figures
-are docs/benchmarks.md's, not asserted here."""
+"""One capture across 16 ranks, over the real probe channel (the many-ranks benchmark's simulated
+ranks, benchmarks/simulated_ranks.py, with small traces): it ends ``done``, and every rank is in the
+merged trace, named, with its GPU track, and in the summary. A correctness check of the many-ranks
+benchmark's path; its figures are docs/benchmarks.md's, not asserted here."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ TOKEN = "many-ranks-probe-token"
 RANKS = 16
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_many_ranks", REPO / "benchmarks" / "bench_many_ranks.py")
+def _simulated_ranks():
+    spec = importlib.util.spec_from_file_location("simulated_ranks", REPO / "benchmarks" / "simulated_ranks.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
     spec.loader.exec_module(module)
@@ -56,7 +56,7 @@ def small_gpu_trace(path: Path, steps: int = 3, kernels_per_step: int = 20) -> N
 
 
 async def test_a_capture_across_sixteen_ranks_merges_every_rank(aiohttp_server, tmp_path):
-    bench = _bench()
+    bench = _simulated_ranks()
     settings = ServiceSettings(trace_dir=tmp_path / "traces", probe_token=TOKEN, http_token=None, max_steps=50,
                                max_capture_bytes=1 << 30, keep=5, stop_grace_s=2.0)
     server = await aiohttp_server(make_app(settings))
