@@ -199,18 +199,10 @@ async def test_an_ordinary_close_is_not_a_version_refusal(serve, caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-async def test_against_the_real_sidecar_a_probe_of_another_version_is_told_both_versions(tmp_path, caplog):
-    from sidecar.service.app import ServiceSettings, make_app
-
-    app = make_app(ServiceSettings(trace_dir=tmp_path / "traces", probe_token="t", http_token=None, max_steps=50,
-                                   max_capture_bytes=1 << 30, keep=5))
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    link = SidecarLink(f"http://127.0.0.1:{port}", PROCESS, on_message=lambda m: None, on_disconnect=lambda: None,
-                       heartbeat=lambda: Heartbeat(steps=0), token_provider=lambda: "t", protocol=PROTOCOL_VERSION - 1)
+async def test_against_the_real_sidecar_a_probe_of_another_version_is_told_both_versions(real_sidecar, caplog):
+    link = SidecarLink(real_sidecar.url, PROCESS, on_message=lambda m: None, on_disconnect=lambda: None,
+                       heartbeat=lambda: Heartbeat(steps=0), token_provider=lambda: real_sidecar.probe_token,
+                       protocol=PROTOCOL_VERSION - 1)
     try:
         with caplog.at_level(logging.WARNING, logger="sidecar.probe.link"):
             link.start()
@@ -220,7 +212,6 @@ async def test_against_the_real_sidecar_a_probe_of_another_version_is_told_both_
                 await asyncio.sleep(0.05)
     finally:
         await asyncio.to_thread(link.close)
-        await runner.cleanup()
     [said] = [r.getMessage() for r in caplog.records if r.name == "sidecar.probe.link"]
     reason = said.split("refused this probe:")[1]
     assert {str(PROTOCOL_VERSION - 1), str(PROTOCOL_VERSION)} <= set(re.findall(r"\d+", reason)), said

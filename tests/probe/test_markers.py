@@ -117,28 +117,22 @@ def test_hello_carries_the_new_marker_and_refuses_an_older_one():
             decode_hello(hello(bad))
 
 
-async def test_a_marker_cleared_while_its_probe_lives_is_made_again_before_the_hello(tmp_path):
+async def test_a_marker_cleared_while_its_probe_lives_is_made_again_before_the_hello(tmp_path, real_sidecar):
     """Against the real sidecar, sharing the probe's trace root: a probe whose marker another probe
     cleared (by age, say) still has its files read on the volume at its next connection."""
-    from aiohttp import ClientSession, web
+    from aiohttp import ClientSession
 
     from sidecar.engine import GENERIC
     from sidecar.probe.link import SidecarLink
     from sidecar.protocol import Heartbeat
-    from sidecar.service.app import ServiceSettings, make_app
 
-    app = make_app(ServiceSettings(trace_dir=tmp_path / "traces", probe_token="t", http_token=None, max_steps=50,
-                                   max_capture_bytes=1 << 30, keep=5))
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    url = real_sidecar.url
     root = TraceRoot(tmp_path / "volume")
     name = root.make_marker()
     (tmp_path / "volume" / "probes" / name).unlink()  # cleared meanwhile
     link = SidecarLink(url, GENERIC.identity("worker", 0, pid=os.getpid(), host="pod"), on_message=lambda m: None,
-                       on_disconnect=lambda: None, heartbeat=lambda: Heartbeat(steps=0), token_provider=lambda: "t",
+                       on_disconnect=lambda: None, heartbeat=lambda: Heartbeat(steps=0),
+                       token_provider=lambda: real_sidecar.probe_token,
                        files_at=str(tmp_path / "volume"), marker=name, before_hello=lambda: root.refresh_marker(name))
     processes = []
     try:
@@ -151,5 +145,4 @@ async def test_a_marker_cleared_while_its_probe_lives_is_made_again_before_the_h
                 await asyncio.sleep(0.05)
     finally:
         await asyncio.to_thread(link.close)
-        await runner.cleanup()
     assert [p["files_shared"] for p in processes] == [True], processes
