@@ -25,6 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .one_shot import one_shot
+
+    with one_shot():  # no cyclic GC, no BLAS threads, no collection at exit: start-up and exit are much of its time
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     # Imported here so that other sub-commands do not pay for the analyser's imports.
     from . import TraceFormatError, analyze_path, format_report
 

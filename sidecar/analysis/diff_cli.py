@@ -34,6 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .one_shot import one_shot
+
+    with one_shot():  # as `sidecar analyze` (one_shot.py)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     captures = [_is_capture_id(x) for x in (args.a, args.b)]
     if not any(captures):
         return _finish(args, _diff_files(args.a, args.b))
