@@ -21,8 +21,8 @@ from collections import Counter
 
 import pytest
 
+from parallel_server import parallel_server
 from sidecar.client import SidecarClient
-from sidecar_vllm.devtools import VllmStack
 
 pytestmark = [pytest.mark.vllm, pytest.mark.data_parallel]
 
@@ -32,13 +32,9 @@ PROCESSES = 5  # API server, two engine cores, two workers (the DP coordinator r
 
 @pytest.fixture
 def dp2_server(tiny_model, tmp_path):
-    stack = VllmStack(model_dir=tiny_model, work_dir=tmp_path / "dp2", server_args=("--data-parallel-size", "2"))
-    try:
-        stack.start(processes=PROCESSES, server_timeout=420)
-        stack.wait_for_processes(PROCESSES, timeout=120)
+    with parallel_server(tiny_model, tmp_path / "dp2", ("--data-parallel-size", "2"), PROCESSES,
+                         server_timeout=420) as stack:
         yield stack
-    finally:
-        stack.close()
 
 
 def test_each_data_parallel_engine_records_its_own_steps(dp2_server, background_load):

@@ -18,23 +18,20 @@ import time
 
 import pytest
 
+from parallel_server import parallel_server
 from sidecar.client import SidecarClient
-from sidecar_vllm.devtools import VllmStack
 
 pytestmark = [pytest.mark.vllm, pytest.mark.tensor_parallel]
 
 STEPS = 3
+PROCESSES = 4  # API server, engine core, two workers
 
 
 @pytest.fixture
 def tp2_server(tiny_model, tmp_path):
-    stack = VllmStack(model_dir=tiny_model, work_dir=tmp_path / "tp2", server_args=("--tensor-parallel-size", "2"),
-                      env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
-    try:
-        stack.start(processes=4)
+    with parallel_server(tiny_model, tmp_path / "tp2", ("--tensor-parallel-size", "2"), PROCESSES,
+                         env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) as stack:
         yield stack
-    finally:
-        stack.close()
 
 
 def test_a_capture_records_both_ranks_and_compares_them(tp2_server, background_load):
