@@ -56,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = args_in[0] if args_in else None
     parser = build_parser(first if first in _COMMAND_MODULES else None)
     args = parser.parse_args(args_in)
+    # Whether the command is this process's own command line (the console script, python -m), not a
+    # call from other code: only then may it shape how the process exits (analysis/one_shot.py).
+    args.whole_process = argv is None
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return int(handler(args) or 0)

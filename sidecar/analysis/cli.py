@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from .one_shot import one_shot
 
-    with one_shot():  # no cyclic GC, no BLAS threads, no collection at exit: start-up and exit are much of its time
+    # No cyclic GC, no BLAS threads, no collection at exit: start-up and exit are much of its time.
+    with one_shot(getattr(args, "whole_process", False)):
         return _run(args)
 
 

@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from .one_shot import one_shot
 
-    with one_shot():  # as `sidecar analyze` (one_shot.py)
+    with one_shot(getattr(args, "whole_process", False)):  # as `sidecar analyze` (one_shot.py)
         return _run(args)
 
 

@@ -9,9 +9,10 @@ buy nothing:
   passes over the objects that imports create (numpy's are most of them). Off for the command.
 * **The collections at interpreter exit.** Finalisation collects every tracked object left (the
   modules' functions, classes and dicts, numpy's above all), which took longer than the bare
-  interpreter's whole exit. An exit handler freezes them first (``gc.freeze``: moved out of the
-  collector's reach), so the process exits without those passes; the memory goes back to the OS
-  with the process anyway. Exit handlers, flushes and module teardown still run.
+  interpreter's whole exit. When the command is the process's whole work, an exit handler freezes
+  them first (``gc.freeze``: moved out of the collector's reach), so the process exits without
+  those passes; the memory goes back to the OS with the process anyway. Exit handlers, flushes and
+  module teardown still run.
 * **OpenBLAS's thread pool.** numpy's wheels link OpenBLAS, which starts a worker thread per core
   when numpy is imported, lets it spin for work, and joins it at exit. The analyser calls no BLAS
   routine (no ``dot``, ``matmul`` or ``linalg``), so the command runs with
@@ -36,14 +37,18 @@ BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 
 
 @contextmanager
-def one_shot() -> Iterator[None]:
+def one_shot(whole_process: bool) -> Iterator[None]:
     """For the ``with`` block: the cyclic collector off and no BLAS worker threads for a numpy loaded
-    inside it (the GC's state and the environment as before after the block, also on an error); at
-    process exit, no collection."""
+    inside it (the GC's state and the environment as before after the block, also on an error).
+    ``whole_process``: the command is the process's own command line, which ends when it does: no
+    collection at exit. Not for a call from other code (a test, a program), whose process lives on
+    and may hold objects that must be collected to be finalised (nanobind's, in torch's Triton,
+    report each one left as a leak)."""
     was_enabled = gc.isenabled()
     gc.disable()
-    atexit.unregister(_freeze_at_exit)  # registered once, however often a process runs a command
-    atexit.register(_freeze_at_exit)
+    if whole_process:
+        atexit.unregister(_freeze_at_exit)  # registered once, however often a process runs a command
+        atexit.register(_freeze_at_exit)
     set_blas = BLAS_THREADS not in os.environ and "numpy" not in sys.modules  # else: the user's, or too late
     if set_blas:
         os.environ[BLAS_THREADS] = "1"

@@ -31,11 +31,11 @@ def test_gc_off_inside_and_as_before_after(enabled_before):
     was = gc.isenabled()
     try:
         gc.enable() if enabled_before else gc.disable()
-        with one_shot():
+        with one_shot(whole_process=False):
             assert not gc.isenabled()
         assert gc.isenabled() is enabled_before
         with pytest.raises(RuntimeError):
-            with one_shot():
+            with one_shot(whole_process=False):
                 raise RuntimeError("the command failed")
         assert gc.isenabled() is enabled_before
     finally:
@@ -58,7 +58,7 @@ sys.meta_path.insert(0, Watch())
 def test_numpy_loads_with_one_blas_thread_and_the_environment_is_restored():
     out = _python(_WATCH_NUMPY_IMPORT + """
 from sidecar.analysis.one_shot import one_shot
-with one_shot():
+with one_shot(whole_process=False):
     import numpy
 print(seen, os.environ.get("OPENBLAS_NUM_THREADS"))
 """)
@@ -83,29 +83,56 @@ print(code, seen, os.environ.get("OPENBLAS_NUM_THREADS"), gc.isenabled())
 def test_a_users_own_blas_setting_is_left_alone():
     out = _python(_WATCH_NUMPY_IMPORT + """
 from sidecar.analysis.one_shot import one_shot
-with one_shot():
+with one_shot(whole_process=False):
     import numpy
 print(seen, os.environ.get("OPENBLAS_NUM_THREADS"))
 """, OPENBLAS_NUM_THREADS="3")
     assert out.split() == ["['3']", "3"]
 
 
-def test_objects_are_frozen_once_before_the_exit_collection_once_a_command_ran():
-    # An exit handler registered first runs last (atexit is last in, first out): it sees what
-    # one_shot's handler did. Two commands in one process freeze once; without one, nothing is.
-    code = """
+# Counts gc.freeze calls; an exit handler registered first runs last (atexit is last in, first out),
+# so it sees what one_shot's handler did.
+_WATCH_FREEZE = """
 import atexit, gc
 calls = []
 freeze = gc.freeze
 gc.freeze = lambda: (calls.append(1), freeze())
 atexit.register(lambda: print(len(calls), gc.get_freeze_count() > 0))
+"""
+
+
+@pytest.mark.parametrize(("commands", "whole_process", "expected"), [
+    (2, True, ["1", "True"]),  # two commands of the process's own: frozen once, before the exit collection
+    (2, False, ["0", "False"]),  # called from other code: the process exits as it would have
+    (0, True, ["0", "False"]),
+])
+def test_frozen_at_exit_only_for_the_process_own_command(commands, whole_process, expected):
+    code = _WATCH_FREEZE + f"""
 from sidecar.analysis.one_shot import one_shot
-for _ in range(COMMANDS):
-    with one_shot():
+for _ in range({commands}):
+    with one_shot(whole_process={whole_process}):
         pass
 """
-    assert _python("COMMANDS = 2\n" + code).split() == ["1", "True"]
-    assert _python("COMMANDS = 0\n" + code).split() == ["0", "False"]
+    assert _python(code).split() == expected
+
+
+def test_the_command_line_is_the_process_own_but_a_call_to_main_is_not():
+    from .conftest import trace_path
+
+    path = str(trace_path("cpu-only-tiny.json.gz"))
+    as_run = _python(_WATCH_FREEZE + f"""
+import io, runpy, sys, contextlib
+sys.argv = ["sidecar", "analyze", {path!r}, "--json"]  # as `python -m sidecar.cli analyze ...` starts
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    runpy.run_module("sidecar.cli", run_name="__main__", alter_sys=True)
+""")
+    called = _python(_WATCH_FREEZE + f"""
+import io, contextlib
+from sidecar.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    main(["analyze", {path!r}, "--json"])
+""")
+    assert (as_run.split(), called.split()) == (["1", "True"], ["0", "False"])
 
 
 def test_analyze_json_is_unchanged_by_the_set_up(tmp_path):
