@@ -8,9 +8,10 @@ are dropped as they are read, so memory grows with the number of useful events, 
 
 The per-event loop below stays plain Python on purpose: measured on the largest shared trace it
 takes 0.066 s, while building the same columns batch by batch with map/attrgetter passes and
-numpy masks took 0.13 s (each batch needs a dozen passes, each a C call per event). At
-``finish`` the ``array.array`` columns become numpy arrays without a copy (``np.frombuffer``)
-for the vectorised analyses.
+numpy masks took 0.13 s (each batch needs a dozen passes, each a C call per event). The loop
+appends to plain lists, moved into the ``array.array`` columns at the end of each batch: 98 -> 84 ms
+for the collection of that trace (best of 15, the same batches). At ``finish`` the columns become
+numpy arrays without a copy (``np.frombuffer``) for the vectorised analyses.
 """
 
 from __future__ import annotations
@@ -122,7 +123,6 @@ class Collector:
         data = self.data
         kinds = self._kinds
         threads = data.threads
-        gpu = data.gpu
         name_ids = self._name_ids
         name_id = self._name_id
         track_ids = self._track_ids
@@ -130,9 +130,13 @@ class Collector:
         # Locals, and plain ints rather than IntEnum members: both measurably cheaper per event.
         RUNTIME, ANNOTATION, KERNEL = int(Kind.RUNTIME), int(Kind.ANNOTATION), int(Kind.KERNEL)
         complete, metadata = CompleteEvent, MetadataEvent
+        # The batch's values go to lists first, one per column, and into the arrays once at its end
+        # (``fromlist``): ``array.append`` costs about four times ``list.append`` per value, and a
+        # batch (one slice of the file, a few thousand events) keeps the lists small.
+        gpu_columns: tuple[list, ...] = tuple([] for _ in _GPU_COLUMNS)
+        g_ts, g_dur, g_name, g_kind, g_device, g_stream, g_corr, g_nbytes, g_track = (c.append for c in gpu_columns)
+        host_columns: dict[tuple[Pid, Pid], tuple[list, ...]] = {}
         t_ts = t_dur = t_name = t_kind = t_corr = None
-        g_ts, g_dur, g_name, g_kind, g_track = gpu.ts.append, gpu.dur.append, gpu.name.append, gpu.kind.append, gpu.track.append
-        g_device, g_stream, g_corr, g_nbytes = gpu.device.append, gpu.stream.append, gpu.corr.append, gpu.nbytes.append
         for ev in batch:
             if type(ev) is not complete:
                 if type(ev) is metadata:
@@ -182,10 +186,12 @@ class Collector:
             pid, tid = ev.pid, ev.tid
             if pid != last_pid or tid != last_tid:  # consecutive events mostly share a thread
                 last_pid, last_tid = pid, tid
-                thread = threads.get((pid, tid))
-                if thread is None:
-                    thread = threads[(pid, tid)] = HostThread()
-                t_ts, t_dur, t_name, t_kind, t_corr = thread.ts.append, thread.dur.append, thread.name.append, thread.kind.append, thread.corr.append
+                columns = host_columns.get((pid, tid))
+                if columns is None:
+                    if (pid, tid) not in threads:  # created in the order threads are first seen
+                        threads[(pid, tid)] = HostThread()
+                    columns = host_columns[(pid, tid)] = tuple([] for _ in _HOST_COLUMNS)
+                t_ts, t_dur, t_name, t_kind, t_corr = (c.append for c in columns)
             t_ts(ts)
             t_dur(dur)
             t_name(nid)
@@ -199,6 +205,9 @@ class Collector:
                 number = step_number(data.names[nid])
                 if number is not None:
                     data.steps.append(StepMark(pid, tid, number, ts, dur))  # type: ignore[arg-type]
+        _extend(data.gpu, _GPU_COLUMNS, gpu_columns)
+        for key, columns in host_columns.items():
+            _extend(threads[key], _HOST_COLUMNS, columns)
         data.event_count += len(batch)
 
     def _metadata(self, ev: MetadataEvent) -> None:
@@ -215,6 +224,15 @@ class Collector:
                 setattr(columns, name, np.frombuffer(value, dtype=_DTYPES[value.typecode]))
         data.fractional_ts = _has_fraction(data.gpu.ts) or any(_has_fraction(t.ts) for t in data.threads.values())
         return data
+
+
+_HOST_COLUMNS = ("ts", "dur", "name", "kind", "corr")
+_GPU_COLUMNS = ("ts", "dur", "name", "kind", "device", "stream", "corr", "nbytes", "track")
+
+
+def _extend(columns: HostThread | GpuActivities, names: tuple[str, ...], values: tuple[list, ...]) -> None:
+    for name, column in zip(names, values):
+        getattr(columns, name).fromlist(column)
 
 
 _DTYPES = {"d": np.float64, "i": np.int32, "b": np.int8, "q": np.int64}
