@@ -7,6 +7,7 @@ import msgspec
 
 import numpy as np
 
+from .arrays import groups
 from .events import Kind
 from .kernels import us
 from .view import ProcessView
@@ -51,7 +52,7 @@ def cpu_stats(view: ProcessView) -> CpuStats:
     if not name_parts:
         return stats
     name, dur, own = np.concatenate(name_parts), np.concatenate(dur_parts), np.concatenate(own_parts)
-    uniq, first, inverse = np.unique(name, return_index=True, return_inverse=True)
+    uniq, first, inverse = groups(name)
     counts = np.bincount(inverse, minlength=len(uniq))
     totals = np.bincount(inverse, weights=dur, minlength=len(uniq))
     selfs = np.bincount(inverse, weights=own, minlength=len(uniq))

@@ -14,7 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from . import intervals
-from .arrays import distinct
+from .arrays import distinct, groups
 from .events import Kind, memcpy_direction
 from .view import ProcessView
 
@@ -82,7 +82,7 @@ def name_stats(name_ids: np.ndarray, dur: np.ndarray) -> dict[int, NameStat]:
     a Python loop would have created them in; totals are summed in event order by bincount)."""
     if not len(name_ids):
         return {}
-    uniq, first, inverse = np.unique(name_ids, return_index=True, return_inverse=True)
+    uniq, first, inverse = groups(name_ids)
     counts = np.bincount(inverse, minlength=len(uniq))
     totals = np.bincount(inverse, weights=dur, minlength=len(uniq))
     mins = np.full(len(uniq), np.inf)

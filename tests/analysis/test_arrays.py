@@ -50,3 +50,22 @@ def test_covered_matches_a_walk_over_the_union(seed):
     hi = lo + rng.integers(0, 200, size=40)
     expected = [sum(max(0.0, min(e, h) - max(s, l)) for s, e in zip(spans.start.tolist(), spans.end.tolist())) for l, h in zip(lo.tolist(), hi.tolist())]
     assert intervals.covered(spans, lo, hi) == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_groups_is_unique_with_first_index_and_inverse(seed):
+    from sidecar.analysis.arrays import groups
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    cases = [
+        rng.integers(0, 50, size=n).astype(np.int32),  # name ids: small and dense, counted
+        rng.integers(0, 2**40, size=n),  # correlation ids: sorted by np.unique
+        rng.integers(-3, 5, size=n),  # negative values
+        np.zeros(0, dtype=np.int32),
+    ]
+    for ids in cases:
+        expected = np.unique(ids, return_index=True, return_inverse=True)
+        got = groups(ids)
+        assert [g.tolist() for g in got] == [e.tolist() for e in expected]
+        assert got[0].dtype == expected[0].dtype
