@@ -60,9 +60,6 @@ ENV_PROBE_MAX_STEPS = "SIDECAR_PROBE_MAX_STEPS"  # default DEFAULT_MAX_STEPS
 ENV_PROBE_MAX_CAPTURE_S = "SIDECAR_PROBE_MAX_CAPTURE_S"
 DEFAULT_PROBE_MAX_CAPTURE_S = 300.0
 ENV_PROBE_MAX_TRACE_MB = "SIDECAR_PROBE_MAX_TRACE_MB"  # default DEFAULT_MAX_CAPTURE_MB
-# Set to 0 to have a process that runs the model write its trace on a thread of its own, holding its
-# GIL, instead of from a forked child (sidecar.probe.fork_export).
-ENV_PROBE_FORK_EXPORT = "SIDECAR_PROBE_FORK_EXPORT"
 
 
 # The flight recorder (sidecar.flight_ring): how many recent steps each step-driven process keeps,
