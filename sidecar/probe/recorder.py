@@ -12,9 +12,13 @@ at the beginning of the first counted step, ``step()`` at the beginning of each 
 opens the next one, and ``stop()`` at the end of the N-th counted step closes the last. Idle time
 between counted steps falls inside the previous annotation, as in any torch.profiler schedule.
 
-Export (``export_chrome_trace`` to plain JSON) runs on a separate thread. It still holds the GIL
-while Kineto serialises (about 1.3 µs per event, measured), so compression and merging are left to
-the sidecar process; see docs/architecture.md.
+Export (``export_chrome_trace`` to plain JSON) runs on a separate thread. Kineto serialises holding
+the GIL from the first event to the last, as ``stop()`` does (measured: a second thread of the
+process cannot run meanwhile, ``benchmarks/bench_profiler_stop.py``), so the engine's next step waits
+for it where it needs the GIL. A forked child writing the file instead was measured and not kept:
+on a 2-core host the worker's ``fork()`` (its page tables copied, also under the GIL) cost about as
+much as the export (docs/benchmarks.md, issue 15). Compression and merging are left to the sidecar
+process; see docs/architecture.md.
 
 The probe's own limits (``ProbeLimits``) hold whatever the sidecar asked: the window closes after
 ``max_capture_s`` (sidecar/step_window.py; the API server's window on its event loop), and an
@@ -121,6 +125,7 @@ def make_profiler(spec: CaptureSpec, cuda_available: bool, with_stack: bool = Fa
     acts = [tp.ProfilerActivity.CPU if a == "cpu" else tp.ProfilerActivity.CUDA for a in wanted]
     return tp.profile(
         activities=acts,
+        experimental_config=None if with_stack else _trace_only(),
         # A schedule makes torch emit its ProfilerStep#<n> annotations; always RECORD so that
         # start/step/stop alone decide what is recorded.
         schedule=lambda _step: tp.ProfilerAction.RECORD,
@@ -130,6 +135,20 @@ def make_profiler(spec: CaptureSpec, cuda_available: bool, with_stack: bool = Fa
         with_flops=spec.with_flops,
         with_modules=with_modules,
     )
+
+
+def _trace_only():
+    """torch.profiler's ``trace_only``: ``stop()`` skips what only ``events()`` and
+    ``key_averages()`` need, which a capture never calls (it exports the trace). Measured on the
+    stop of 5 steps with record_shapes, profile_memory and with_flops: 5-10 % of its CPU time
+    (``benchmarks/bench_profiler_stop.py``). torch refuses it with the tracer (``with_stack``); a
+    torch without it gets None (its default)."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return _ExperimentalConfig(trace_only=True)
+    except (ImportError, TypeError):
+        return None
 
 
 class StepCapture(StepWindow):

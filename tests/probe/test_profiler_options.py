@@ -1,0 +1,46 @@
+"""What the probe asks of torch.profiler (sidecar/probe/recorder.py, make_profiler)."""
+
+import json
+
+import torch
+
+from sidecar.probe.recorder import make_profiler
+from sidecar.protocol import CaptureSpec
+
+
+def test_a_capture_without_the_tracer_asks_for_trace_only():
+    prof = make_profiler(CaptureSpec(id="t1", steps=1, record_shapes=True), cuda_available=False)
+    assert prof.experimental_config is not None and prof.experimental_config.trace_only
+
+
+def test_the_tracer_gets_torchs_default_config():
+    prof = make_profiler(CaptureSpec(id="t2", steps=1), cuda_available=False, with_stack=True)
+    assert prof.experimental_config is None or not prof.experimental_config.trace_only
+
+
+def _exported(tmp_path, name, **kwargs):
+    import torch.profiler as tp
+
+    prof = tp.profile(activities=[tp.ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
+                      with_flops=True, **kwargs)
+    prof.start()
+    a = torch.randn(32, 64)
+    (a @ torch.randn(64, 16)).relu()
+    prof.stop()
+    prof.export_chrome_trace(str(tmp_path / name))
+    events = json.load(open(tmp_path / name))["traceEvents"]
+    return sorted((e.get("name"), e.get("cat"), tuple(sorted((e.get("args") or {}).keys()))) for e in events
+                  if e.get("cat") in ("cpu_op", "cpu_instant_event"))
+
+
+def test_trace_only_loses_nothing_of_the_exported_trace(tmp_path):
+    """The probe's profiler (shapes, memory, flops, trace_only) exports the same ops with the same
+    fields as torch's default config."""
+    spec = CaptureSpec(id="t3", steps=1, record_shapes=True, profile_memory=True, with_flops=True)
+    config = make_profiler(spec, cuda_available=False).experimental_config
+    ours = _exported(tmp_path, "ours.json", experimental_config=config)
+    default = _exported(tmp_path, "default.json")
+    assert ours == default
+    assert ("aten::mm", "cpu_op") in {(n, c) for n, c, _ in ours}
+    assert any("Input Dims" in keys for _, _, keys in ours)
+    assert any(n == "[memory]" for n, _, _ in ours)
