@@ -23,8 +23,11 @@ def engines(tmp_path):
 
     def spawn(url, role, *args, token=PROBE_TOKEN, env=None):
         # The probes' own trace root, apart from the sidecar's trace dir: the sidecar reads what they report.
+        # One OpenMP thread: with torch's default pool, each engine's idle OpenMP thread spins between
+        # its small products, about 45% of a core per engine doing nothing, which on a 2-core host
+        # starved the sidecar and the other engines' starts (a 32x32 product needs no second thread).
         env = dict(os.environ, SIDECAR_ENDPOINT=url, SIDECAR_TOKEN=token, SIDECAR_TOKEN_FILE=str(tmp_path / "none"),
-                   SIDECAR_TRACE_DIR=str(tmp_path / "probe-root")) | (env or {})
+                   SIDECAR_TRACE_DIR=str(tmp_path / "probe-root"), OMP_NUM_THREADS="1") | (env or {})
         proc = subprocess.Popen([sys.executable, str(FAKE_ENGINE), role, *args], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(proc)
