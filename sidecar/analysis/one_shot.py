@@ -7,12 +7,12 @@ buy nothing:
 * **Cyclic garbage collection while it runs.** The analyser makes almost no reference cycles (its
   events are ``gc=False`` structs, its columns flat arrays), yet allocation counts trigger about 50
   passes over the objects that imports create (numpy's are most of them). Off for the command.
-* **The collections at interpreter exit.** Finalisation collects every tracked object left (the
-  modules' functions, classes and dicts, numpy's above all), which took longer than the bare
-  interpreter's whole exit. When the command is the process's whole work, an exit handler freezes
-  them first (``gc.freeze``: moved out of the collector's reach), so the process exits without
-  those passes; the memory goes back to the OS with the process anyway. Exit handlers, flushes and
-  module teardown still run.
+* **The collections after it.** Re-enabled, the collector's first pass walks every object the
+  command made (15 ms, more than a bare interpreter's whole exit), and finalisation collects every
+  object left (the modules' functions, classes and dicts, numpy's above all). When the command is
+  the process's whole work, its objects are frozen as it ends (``gc.freeze``: moved out of the
+  collector's reach), so neither pass has them to walk; the memory goes back to the OS with the
+  process anyway. Exit handlers, flushes and module teardown still run.
 * **OpenBLAS's thread pool.** numpy's wheels link OpenBLAS, which starts a worker thread per core
   when numpy is imported, lets it spin for work, and joins it at exit. The analyser calls no BLAS
   routine (no ``dot``, ``matmul`` or ``linalg``), so the command runs with
@@ -26,7 +26,6 @@ Nothing here changes what the analysis computes.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import os
 import sys
@@ -40,15 +39,12 @@ BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 def one_shot(whole_process: bool) -> Iterator[None]:
     """For the ``with`` block: the cyclic collector off and no BLAS worker threads for a numpy loaded
     inside it (the GC's state and the environment as before after the block, also on an error).
-    ``whole_process``: the command is the process's own command line, which ends when it does: no
-    collection at exit. Not for a call from other code (a test, a program), whose process lives on
-    and may hold objects that must be collected to be finalised (nanobind's, in torch's Triton,
-    report each one left as a leak)."""
+    ``whole_process``: the command is the process's own command line, which ends when it does: its
+    objects are frozen as it ends. Not for a call from other code (a test, a program), whose process
+    lives on and may hold objects that must be collected to be finalised (nanobind's, in torch's
+    Triton, report each one left as a leak)."""
     was_enabled = gc.isenabled()
     gc.disable()
-    if whole_process:
-        atexit.unregister(_freeze_at_exit)  # registered once, however often a process runs a command
-        atexit.register(_freeze_at_exit)
     set_blas = BLAS_THREADS not in os.environ and "numpy" not in sys.modules  # else: the user's, or too late
     if set_blas:
         os.environ[BLAS_THREADS] = "1"
@@ -57,9 +53,7 @@ def one_shot(whole_process: bool) -> Iterator[None]:
     finally:
         if set_blas:
             os.environ.pop(BLAS_THREADS, None)
+        if whole_process:
+            gc.freeze()
         if was_enabled:
             gc.enable()
-
-
-def _freeze_at_exit() -> None:
-    gc.freeze()
