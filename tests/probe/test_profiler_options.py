@@ -8,9 +8,20 @@ from sidecar.probe.recorder import make_profiler
 from sidecar.protocol import CaptureSpec
 
 
-def test_a_capture_without_the_tracer_asks_for_trace_only():
+def _torch_has_trace_only() -> bool:
+    try:  # torch 2.13 has it; 2.11 (seen on a GPU host) refuses the argument with a TypeError
+        torch._C._profiler._ExperimentalConfig(trace_only=True)
+    except TypeError:
+        return False
+    return True
+
+
+def test_a_capture_without_the_tracer_asks_for_trace_only_where_torch_has_it():
     prof = make_profiler(CaptureSpec(id="t1", steps=1, record_shapes=True), cuda_available=False)
-    assert prof.experimental_config is not None and prof.experimental_config.trace_only
+    if _torch_has_trace_only():
+        assert prof.experimental_config is not None and prof.experimental_config.trace_only
+    else:  # torch's own default, and the capture still starts
+        assert prof.experimental_config is None
 
 
 def test_the_tracer_gets_torchs_default_config():
@@ -44,3 +55,19 @@ def test_trace_only_loses_nothing_of_the_exported_trace(tmp_path):
     assert ("aten::mm", "cpu_op") in {(n, c) for n, c, _ in ours}
     assert any("Input Dims" in keys for _, _, keys in ours)
     assert any(n == "[memory]" for n, _, _ in ours)
+
+
+def test_a_torch_without_trace_only_gets_its_default_and_still_records(monkeypatch, tmp_path):
+    """torch 2.11 refuses ``trace_only`` (a TypeError from its constructor, seen on a GPU host)."""
+
+    def refuse(*args, **kwargs):
+        raise TypeError("__init__(): incompatible constructor arguments")
+
+    monkeypatch.setattr(torch._C._profiler, "_ExperimentalConfig", refuse)
+    prof = make_profiler(CaptureSpec(id="t4", steps=1, record_shapes=True), cuda_available=False)
+    assert prof.experimental_config is None
+    prof.start()
+    torch.randn(8, 8) @ torch.randn(8, 8)
+    prof.stop()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    assert any(e.get("name") == "aten::mm" for e in json.load(open(tmp_path / "t.json"))["traceEvents"])
