@@ -140,7 +140,7 @@ def make_profiler(spec: CaptureSpec, cuda_available: bool, with_stack: bool = Fa
 def _trace_only():
     """torch.profiler's ``trace_only``: ``stop()`` skips what only ``events()`` and
     ``key_averages()`` need, which a capture never calls (it exports the trace). Measured on the
-    stop of 5 steps with record_shapes, profile_memory and with_flops: 5-10 % of its CPU time
+    stop of 5 steps with record_shapes, profile_memory and with_flops: 5-15 % of its CPU time
     (``benchmarks/bench_profiler_stop.py``). torch refuses it with the tracer (``with_stack``); a
     torch without it gets None (its default)."""
     try:
