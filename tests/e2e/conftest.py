@@ -8,8 +8,10 @@ the stack ended, run alone or in another order, gets a fresh one). Files run in 
 - ``fault_stack``: test_vllm_disk_full.py, test_vllm_faults.py (the trace backend outage), then
   test_vllm_shutdown.py SIGTERMs its sidecar and its server.
 
-When the first of the two is asked for, both start at once (each where a collected test needs it):
-one start is mostly one core's work, and the second core would otherwise wait.
+Both start together as the first test of tests/e2e begins (each where a collected test needs it;
+``_warm_shared_stacks``), on threads of their own: a start is mostly one core's work, so they overlap
+the e2e tests before them (the example server, SGLang, the session stack's captures), which leave a
+core idle much of the time. Warmed only when asked for, they cost the disk test's setup 87 s on CI.
 """
 
 from __future__ import annotations
@@ -82,6 +84,13 @@ def _shared_stacks(request, tiny_model, tmp_path_factory):
     finally:
         for reused in stacks.values():
             reused.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_shared_stacks(request):
+    """The shared stacks start with the first test of tests/e2e, not with the first that uses one."""
+    if any(name in item.fixturenames for item in request.session.items for name in ("fixture_models", "fault_stack")):
+        request.getfixturevalue("_shared_stacks")
 
 
 @pytest.fixture(scope="session")
