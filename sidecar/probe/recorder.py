@@ -67,6 +67,7 @@ from ..stack_samples import samples_path
 from ..step_window import FINISHED, RECORDING, StepWindow
 from .limits import ProbeLimits
 from .stack_sampler import StackSampler
+from .trace_parts import join_parts, part_path
 from .trace_root import NO_SPACE, discard, export_problem, is_disk_full, release
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,17 @@ def stack_mode(spec: CaptureSpec, role: Role) -> str:
 # its stacks need far fewer samples than a step thread's; 50 Hz bounds the forced switches at 50
 # a second where 1 kHz made them 200 (one per switch interval).
 WINDOW_MAX_STACK_HZ = 50.0
+
+
+def records_in_parts(spec: CaptureSpec, stacks: str) -> bool:
+    """Whether a step-driven process records ``spec`` as one torch.profiler session per step
+    (trace_parts.py says why): where ``stop()`` has much to do per op (shapes, FLOPs, memory
+    records). A plain capture's stop is cheap (about 5 ms a step on vLLM's worker) and keeps one
+    session: no restart, no device synchronisation per step. Nor does torch's tracer (traced stacks,
+    module ranges): restarted at every step it made every recorded step of vLLM's worker 150-200 ms
+    slower on a 2-core host, worse than its one stop (docs/benchmarks.md, issue 15)."""
+    heavy = spec.record_shapes or spec.with_flops or spec.profile_memory
+    return heavy and stacks != "traced" and spec.steps > 1
 
 
 def make_sampler(spec: CaptureSpec, limits: ProbeLimits | None, max_hz: float | None = None) -> StackSampler:
@@ -195,6 +207,12 @@ class StepCapture(StepWindow):
         self.stacks = stacks
         # Built here (the link thread): its thread starts now, not on the step thread.
         self._sampler = make_sampler(spec, limits, self.MAX_STACK_HZ) if stacks == "sampled" else None
+        # One profiler session per step (records_in_parts): the parts exported so far, in step order,
+        # and the first problem one of them met (the capture fails with it once the last is in).
+        self._in_parts = records_in_parts(spec, stacks)
+        self._parts: list[str] = []
+        self._part_problem: str | None = None
+        self._parts_export_ns = 0
 
     def abandon(self, error: str) -> None:
         """Give up after an unexpected error on the step path; report it, leave the engine alone."""
@@ -212,7 +230,18 @@ class StepCapture(StepWindow):
 
     def _fail(self, error: str) -> None:
         self._drop_sampler()
+        if self._parts:
+            try:
+                self._exporter.submit(self._discard_parts)  # after any part still being exported
+            except RuntimeError:  # the probe is closing: its export thread is gone
+                self._discard_parts()
         super()._fail(error)
+
+    def _discard_parts(self) -> None:
+        for path in self._parts:
+            if os.path.realpath(os.path.dirname(path)) == self._trace_dir:  # never through a swapped link
+                discard(path)
+        self._parts = []
 
     def _drop_sampler(self) -> None:
         sampler, self._sampler = self._sampler, None
@@ -232,10 +261,7 @@ class StepCapture(StepWindow):
     def _start_recording(self) -> None:
         began = perf_counter_ns()
         self._recording_thread = threading.get_ident()
-        # Module ranges come from the tracer: asked for (spec) and affordable here (stacks "traced").
-        traced = self.stacks == "traced"
-        self._prof = make_profiler(self.spec, self._cuda, with_stack=traced,
-                                   with_modules=traced and self.spec.with_modules)
+        self._prof = self._new_profiler()
         self._prof.start()  # opens ProfilerStep#0
         sampler = self._sampler
         if sampler is not None:  # after the profiler: its samples fall inside the recorded steps
@@ -245,11 +271,33 @@ class StepCapture(StepWindow):
         self._switch_scopes(True)  # last: nothing after it can fail the start and leave them on
         self._on_step_thread_ns += perf_counter_ns() - began
 
+    def _new_profiler(self):
+        # Module ranges come from the tracer: asked for (spec) and affordable here (stacks "traced").
+        traced = self.stacks == "traced"
+        return make_profiler(self.spec, self._cuda, with_stack=traced, with_modules=traced and self.spec.with_modules)
+
     def _step_began(self, n: int, new: bool) -> None:
         if new and n:  # each later working step opens the next ProfilerStep#<n>
             began = perf_counter_ns()
-            self._prof.step()
+            if self._in_parts:
+                self._next_part(n)
+            else:
+                self._prof.step()
             self._on_step_thread_ns += perf_counter_ns() - began
+
+    def _next_part(self, n: int) -> None:
+        """Stop the session of the step before (its export goes to the export thread) and start
+        step ``n``'s, its annotation numbered on: ``ProfilerStep#<n>``. A failure here raises, and
+        the probe abandons the capture (the engine goes on)."""
+        prof, self._prof = self._prof, None
+        prof.stop()
+        path = part_path(self.trace_path, len(self._parts))
+        self._parts.append(path)
+        self._exporter.submit(self._export_part, prof, path)
+        nxt = self._new_profiler()
+        nxt.step_num = n  # torch's own counter: start() opens ProfilerStep#<step_num>
+        nxt.start()
+        self._prof = nxt
 
     def _stop_recording(self) -> None:
         began = perf_counter_ns()
@@ -286,22 +334,37 @@ class StepCapture(StepWindow):
                         self.spec.id, "on" if on else "off", exc)
 
     # -- the export thread -------------------------------------------------------------------------
-    def _export(self, prof) -> None:
-        began = perf_counter_ns()
+    def _write(self, prof, path: str) -> tuple[int, str | None]:
+        """Export ``prof``'s trace to ``path``: (its size, None) or (0, why it failed)."""
         try:
-            folder = os.path.dirname(self.trace_path)
+            folder = os.path.dirname(path)
             os.makedirs(folder, exist_ok=True)
             if os.path.realpath(folder) != self._trace_dir:
                 raise OSError(f"{folder} no longer resolves to {self._trace_dir}")
-            prof.export_chrome_trace(self.trace_path)
+            prof.export_chrome_trace(path)
             # Kineto's writer does not raise on a full disk: an empty or cut-short file is checked here.
-            problem = export_problem(None, self.trace_path)
-            size = os.path.getsize(self.trace_path) if problem is None else 0
+            problem = export_problem(None, path)
+            size = os.path.getsize(path) if problem is None else 0
         except Exception as exc:
-            problem = export_problem(exc, self.trace_path)
+            problem, size = export_problem(exc, path), 0
         # Now, not when the garbage collector gets to it: a failed export's temporary file stays
         # open (and its space taken) while the profiler's results live (trace_root.release).
         release(prof)
+        return size, problem
+
+    def _export_part(self, prof, path: str) -> None:
+        began = perf_counter_ns()
+        _, problem = self._write(prof, path)
+        if problem is not None and self._part_problem is None:
+            self._part_problem = problem
+        self._parts_export_ns += perf_counter_ns() - began
+
+    def _export(self, prof) -> None:
+        began = perf_counter_ns() - self._parts_export_ns  # the parts' exports count in export_ms
+        if not self._parts:
+            size, problem = self._write(prof, self.trace_path)
+        else:
+            size, problem = self._join(prof)
         if problem is None and self._limits is not None:
             problem = self._limits.trace_problem(size)
         if problem is not None:
@@ -313,6 +376,26 @@ class StepCapture(StepWindow):
         stacks_file, stack_summary = self._dump_samples(size)
         self._report_state(P_DONE, file=self.trace_path, bytes=size, stacks_file=stacks_file,
                            stack_summary=stack_summary, export_ms=round((perf_counter_ns() - began) / 1e6, 3))
+
+    def _join(self, prof) -> tuple[int, str | None]:
+        """The last part exported, then every part joined into the trace file (trace_parts.py); the
+        parts deleted whatever happens."""
+        self._export_part(prof, part_path(self.trace_path, len(self._parts)))
+        self._parts.append(part_path(self.trace_path, len(self._parts)))
+        problem, size = self._part_problem, 0
+        if problem is None and self._limits is not None:  # over the limit already: not worth joining
+            problem = self._limits.trace_problem(sum(os.path.getsize(p) for p in self._parts))
+        if problem is None:
+            try:
+                if os.path.realpath(os.path.dirname(self.trace_path)) != self._trace_dir:
+                    raise OSError(f"{os.path.dirname(self.trace_path)} no longer resolves to {self._trace_dir}")
+                size = join_parts(self._parts, self.trace_path)
+            except OSError as exc:
+                problem = export_problem(exc, self.trace_path)
+            except ValueError as exc:  # a part not shaped as Kineto writes
+                problem = f"trace export failed: the parts could not be joined: {exc}"
+        self._discard_parts()
+        return size, problem
 
     def _dump_samples(self, trace_size: int) -> tuple[str | None, dict[str, Any] | None]:
         """The sampled stacks' raw samples beside the trace (export thread): (their file, None), or
