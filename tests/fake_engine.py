@@ -40,6 +40,9 @@ if os.environ.get("FAKE_ENGINE_HOST"):
     import socket
 
     socket.gethostname = lambda: os.environ["FAKE_ENGINE_HOST"]
+# One OpenMP thread unless told otherwise: torch's second one spins between the stand-in's tiny products
+# (about 45 % of a core per engine), which on a 2-core runner starves the sidecar and the other engines.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 

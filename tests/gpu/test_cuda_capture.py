@@ -68,3 +68,24 @@ def test_python_stacks_on_a_cuda_worker(gpu_host):
             assert any(e.get("cat") == "kernel" for e in events), mode
             python = [e for e in events if e.get("cat") == "python_function" and e.get("pid") == worker["pid"]]
             assert any("fake_engine.py" in e["name"] for e in python), (mode, sorted({e["name"] for e in python})[:10])
+
+
+def test_a_capture_with_shapes_recorded_a_session_per_step_keeps_every_steps_kernels(gpu_host):
+    """record_shapes makes each process record one profiler session per step, joined into one trace
+    (sidecar/probe/trace_parts.py): on CUDA each session's stop flushes its kernels, which must all
+    be there, each inside the step that launched it."""
+    with gpu_host() as host:
+        host.standard_engine("--planted-sync")
+        status = _capture(host, record_shapes=True)
+        worker = next(p for p in status["processes"] if p["role"] == "worker")
+        events = _events(host, status)
+        steps = sorted((e for e in events if e.get("pid") == worker["pid"]
+                        and e.get("name", "").startswith("ProfilerStep#")), key=lambda e: float(e["ts"]))
+        assert [e["name"] for e in steps] == [f"ProfilerStep#{k}" for k in range(PER_STEP)]
+        kernels = [e for e in events if e.get("cat") == "kernel"]
+        for s in steps:  # 1 ms of slack for a kernel's completion record, as above
+            begin, end = float(s["ts"]) - 1000, float(s["ts"]) + float(s["dur"]) + 1000
+            inside = [k for k in kernels if begin <= float(k["ts"]) <= end]
+            assert any("gemm" in k["name"].lower() for k in inside), (s["name"], len(kernels))
+        assert any("Input Dims" in e.get("args", {}) for e in events
+                   if e.get("pid") == worker["pid"] and e.get("cat") == "cpu_op")
