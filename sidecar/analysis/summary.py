@@ -148,7 +148,7 @@ def analyze_path(path: str | os.PathLike, top_n: int = 10, *, all_names: bool = 
 def summarize_results(path, files: list[dict], results: list[ProcessResult], warnings: list[str], top_n: int,
                       all_names: bool = False) -> dict:
     """The summary of processes analysed one by one (``analyze_process``): what ``analyze_path`` returns,
-    and what the sidecar builds from a merged trace read one process at a time (service/merge.py)."""
+    and what the sidecar builds from a merged trace read one process at a time (service/merged_analysis.py)."""
     gpu = kernels.merge((r.gpu for r in results), (r.view_label for r in results))
     comm = collectives.CollectiveStats()
     ops = cpu.CpuStats()
