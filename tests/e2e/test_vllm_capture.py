@@ -78,6 +78,17 @@ def test_second_and_third_captures_on_the_same_server(vllm_stack, background_loa
     assert second["state"] == "done" and {p["steps_recorded"] for p in second["processes"] if p["role"] != "api_server"} == {2}
     events, _ = merged_events(client, second, tmp_path)
     assert any("Input Dims" in e.get("args", {}) for e in events if e.get("cat") == "cpu_op"), "record_shapes was honoured"
+    # With shapes each step is a profiler session of its own, joined into one trace per process
+    # (sidecar/probe/trace_parts.py): both steps there once, and the worker's forward ops with their
+    # shapes in each (the engine core's few ops need not have tensor inputs in every step).
+    for proc in (p for p in second["processes"] if p["role"] != "api_server"):
+        steps = sorted((e for e in events if e.get("pid") == proc["pid"] and e.get("name", "").startswith("ProfilerStep#")),
+                       key=lambda e: e["ts"])
+        assert [e["name"] for e in steps] == ["ProfilerStep#0", "ProfilerStep#1"], (proc["label"], steps)
+        for step in steps if proc["role"] == "worker" else ():
+            shaped = [e for e in events if e.get("pid") == proc["pid"] and e.get("cat") == "cpu_op"
+                      and step["ts"] <= e["ts"] <= step["ts"] + step["dur"] and "Input Dims" in e.get("args", {})]
+            assert shaped, (proc["label"], step["name"])
 
 
 @pytest.mark.parametrize("params, name", [
