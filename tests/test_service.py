@@ -88,6 +88,15 @@ async def test_capture_across_processes_merges_one_timeline(sidecar, engines, tm
     engines(client.url, "api_server")
     procs = await wait_processes(client, 4)
     assert [p["role"] for p in procs] == ["api_server", "engine_core", "worker", "worker"]
+    # The lead is measured in time only once heartbeats (every 2 s) have given each stepping process a
+    # rate (service/registry.py); before that it is 2 steps, which the begin message misses on a loaded
+    # runner as surely as 0.25 s. So the capture starts once every rate is known.
+    for _ in range(150):
+        if all(p["step_rate"] for p in procs if p["role"] != "api_server"):
+            break
+        await asyncio.sleep(0.1)
+        procs = await wait_processes(client, 4)
+    assert all(p["step_rate"] for p in procs if p["role"] != "api_server"), procs
 
     resp = await client.get("/profile/start", params={"steps": "3"})
     assert resp.status == 202
