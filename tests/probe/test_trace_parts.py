@@ -3,8 +3,6 @@ trace (sidecar/probe/trace_parts.py): the real torch.profiler, a simulated step 
 
 import json
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -12,7 +10,8 @@ import torch.profiler as tp
 
 from sidecar.probe.recorder import StepCapture, records_in_parts
 from sidecar.probe.trace_parts import events_span, join_parts, part_path
-from sidecar.protocol import CaptureReport, CaptureSpec
+from sidecar.protocol import CaptureSpec
+from test_recorder import Reports, exporter  # noqa: F401  (the fixture)
 
 
 def work():
@@ -63,24 +62,6 @@ def test_only_options_whose_stop_grows_with_the_events_record_in_parts():
     for option in ("record_shapes", "with_flops", "profile_memory"):
         assert records_in_parts(CaptureSpec(id="c", steps=5, **{option: True}), "none"), option
     assert not records_in_parts(CaptureSpec(id="c", steps=1, record_shapes=True), "none")  # one step: one stop
-
-
-class Reports:
-    def __init__(self):
-        self.messages = []
-        self.done = threading.Event()
-
-    def __call__(self, msg):
-        assert isinstance(msg, CaptureReport)
-        self.messages.append(msg)
-        if msg.state in ("done", "failed"):
-            self.done.set()
-
-
-@pytest.fixture
-def exporter():
-    with ThreadPoolExecutor(1) as pool:
-        yield pool
 
 
 def run(capture, steps):
