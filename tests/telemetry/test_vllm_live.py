@@ -198,10 +198,11 @@ def test_prometheus_scrapes_live_server_and_dashboards_have_data(traced_stack, t
         errors = prometheus.value('sum(sidecar_requests_total{error_type!=""})')
         assert errors == baseline_errors + aborted, (errors, baseline_errors, aborted)
         check_request_histograms(prometheus.base, n + 1, successful=n + 1 - int(aborted), baseline=baseline)
-        # Worker steps of this load: at least one per generated token after the first, batch sizes up
-        # to the load's. (This Prometheus began scraping before the load: increase() over its whole
-        # range is what the load and the capture added.)
-        assert prometheus.value(WORKER_STEPS) - baseline_steps >= result.tokens / 4
+        # Worker steps of this load: a step generates at most one token per running request, and at
+        # most the load's 4 plus the abandoned one run at once (a CI run saw 787 steps for 3168
+        # tokens: batches of 5 happen). (This Prometheus began scraping before the load: increase()
+        # over its whole range is what the load and the capture added.)
+        assert prometheus.value(WORKER_STEPS) - baseline_steps >= result.tokens / (4 + 1)
         assert prometheus.value(
             'max(histogram_quantile(1, sum by (le) (increase(sidecar_step_batch_size_bucket[10m]))))') >= 2
         roles = {r["metric"]["sidecar_process_role"] for r in prometheus.query(
