@@ -231,18 +231,20 @@ class Prometheus:
     def value(self, expr: str) -> float:
         return prometheus_value(self.base, expr)
 
-    def wait_for(self, expr: str, value: float, timeout_s: float = 60.0) -> None:
+    def wait_for(self, expr: str, value: float, timeout_s: float = 60.0, *, at_least: bool = False) -> None:
+        """Wait until ``expr`` is ``value`` (or, with ``at_least``, no less): each process pushes its
+        metrics on its own clock, so one process's series can settle a push later than another's."""
         deadline = time.monotonic() + timeout_s
         last = None
         while time.monotonic() < deadline:
             try:
                 last = self.value(expr)
-                if last == value:
+                if last == value or (at_least and last >= value):
                     return
             except OSError:
                 pass
             time.sleep(0.3)
-        raise AssertionError(f"{expr} is {last}, expected {value}")
+        raise AssertionError(f"{expr} is {last}, expected {'at least ' if at_least else ''}{value}")
 
     def stop(self) -> None:
         self._proc.terminate()
