@@ -57,10 +57,11 @@ def _peak():
 atexit.register(_peak)
 """
 
-# The same for ``sidecar diff``, which reads B in a forked child (sidecar/analysis/pair.py): the child's peak
-# (ru_maxrss of the reaped children) is added to the process's own, an upper bound of the two together, as
-# the pages the child shares with its parent from the fork count twice. HTA keeps the prelude above: its
-# figures have always been its main process's.
+# The same for the sidecar's commands, which fork: ``sidecar diff`` reads B in a child (sidecar/analysis/pair.py),
+# ``sidecar analyze`` reads a large file's head in one (sidecar/analysis/halves.py). The child's peak (ru_maxrss
+# of the reaped children) is added to the process's own, an upper bound of the two together, as the pages the
+# child shares with its parent from the fork count twice. HTA keeps the prelude above: its figures have always
+# been its main process's.
 _PEAK_WITH_CHILDREN_PRELUDE = """
 import atexit, os, re, resource
 def _peak():
@@ -114,7 +115,7 @@ def _run(cmd: Sequence[str], work: Path) -> tuple[float, float]:
 
 def sidecar_cmd(trace: Path) -> list[str]:
     """``sidecar analyze TRACE --json``, as the console script runs it."""
-    return [sys.executable, "-c", _PEAK_PRELUDE + _SIDECAR_SCRIPT, str(trace)]
+    return [sys.executable, "-c", _PEAK_WITH_CHILDREN_PRELUDE + _SIDECAR_SCRIPT, str(trace)]
 
 
 def diff_cmd(a: Path, b: Path) -> list[str]:

@@ -33,11 +33,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .halves import start_head
+
+    # A second reader of a large file's head, forked before numpy loads (halves.py).
+    head = start_head(args.path)
+    try:
+        return _analyse(args, head)
+    finally:
+        if head is not None:
+            head.cancel()
+
+
+def _analyse(args: argparse.Namespace, head) -> int:
     # Imported here so that other sub-commands do not pay for the analyser's imports.
     from . import TraceFormatError, analyze_path, format_report
 
     try:
-        summary = analyze_path(args.path, top_n=args.top)
+        summary = analyze_path(args.path, top_n=args.top, head=head)
         if args.syncs:
             from ..syncs.trace import scan_trace
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from array import array
 import msgspec
-from typing import Hashable, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Hashable, Sequence
 
 from .events import CompleteEvent, Kind, MetadataEvent, RawEvent, category_table, step_number
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Pid = Hashable  # an int in Kineto traces; merged or hand-made traces may use strings
 
@@ -215,15 +216,28 @@ class Collector:
             self.data.process_names[ev.pid] = str(ev.args.name)  # type: ignore[index]
 
     def finish(self, members: dict, skipped: int) -> TraceData:
-        data = self.data
-        data.members = members
-        data.skipped_count = skipped
-        for columns in (data.gpu, *data.threads.values()):
-            for name in columns.__struct_fields__:
-                value = getattr(columns, name)
-                setattr(columns, name, np.frombuffer(value, dtype=_DTYPES[value.typecode]))
-        data.fractional_ts = _has_fraction(data.gpu.ts) or any(_has_fraction(t.ts) for t in data.threads.values())
-        return data
+        return finish(self.data, members, skipped)
+
+
+def finish(data: TraceData, members: dict, skipped: int) -> TraceData:
+    """The collected columns as numpy arrays (the same buffers), and what the stream learnt besides.
+    numpy is imported here, not with the module: a reading can start, and fork a second reader
+    (halves.py), before numpy loads."""
+    import numpy as np
+
+    data.members = members
+    data.skipped_count = skipped
+    for columns in (data.gpu, *data.threads.values()):
+        for name in columns.__struct_fields__:
+            value = getattr(columns, name)
+            setattr(columns, name, np.frombuffer(value, dtype=value.typecode))  # array's codes are numpy's
+    data.fractional_ts = has_fractional_ts(data)
+    return data
+
+
+def has_fractional_ts(data: TraceData) -> bool:
+    """Nanosecond resolution: a fractional microsecond among the first timestamps of a column."""
+    return _has_fraction(data.gpu.ts) or any(_has_fraction(t.ts) for t in data.threads.values())
 
 
 _HOST_COLUMNS = ("ts", "dur", "name", "kind", "corr")
@@ -235,10 +249,9 @@ def _extend(columns: HostThread | GpuActivities, names: tuple[str, ...], values:
         getattr(columns, name).fromlist(column)
 
 
-_DTYPES = {"d": np.float64, "i": np.int32, "b": np.int8, "q": np.int64}
-
-
 def _has_fraction(values: np.ndarray, sample: int = 2000) -> bool:
+    import numpy as np
+
     head = values[:sample]
     return bool(np.any(head != np.trunc(head)))
 

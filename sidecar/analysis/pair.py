@@ -28,7 +28,7 @@ Outcome = tuple[Optional[dict], Optional[str]]
 
 def analyse_pair(a: str, b: str, analyse: Callable[[str], dict]) -> tuple[Outcome, Outcome]:
     """``analyse(a)`` and ``analyse(b)``; a TraceFormatError of either becomes its outcome's message."""
-    if not _spare_core():
+    if not spare_core():
         return _outcome(analyse, a), _outcome(analyse, b)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -55,7 +55,7 @@ def analyse_pair(a: str, b: str, analyse: Callable[[str], dict]) -> tuple[Outcom
     return first, value
 
 
-def _spare_core() -> bool:
+def spare_core() -> bool:
     if not hasattr(os, "fork") or threading.active_count() > 1:
         return False
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -34,14 +34,14 @@ from .events import RawEvent
 SLICE_BYTES = 1 << 20  # 1 MiB: measured faster and 25 MB lighter than 4 MiB on v100-train-large
 _MAX_VALUE_BYTES = 256 << 20  # one event or top-level member larger than this is not a trace
 _WS = re.compile(rb"[ \t\r\n]*")
-_BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
+BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _KEY = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _ERROR_BYTE = re.compile(r"\(byte (\d+)\)")
 try:  # ISA-L's gunzip: same API and errors as gzip, about twice as fast (measured: 0.055 -> 0.025 s)
     from isal import igzip as _gzip
-    from isal.isal_zlib import error as _GzipError
+    from isal.isal_zlib import error as GzipError
 except ImportError:  # optional: the standard library does the same job
-    _gzip, _GzipError = gzip, zlib.error  # type: ignore[misc]
+    _gzip, GzipError = gzip, zlib.error  # type: ignore[misc]
 # Top-level members the analyser keeps; others (deviceProperties, ...) are decoded and dropped.
 # ``inference_sidecar``: what a capture noted in its trace (its phase ranges: sidecar/phases.py).
 KEPT_MEMBERS = frozenset({"distributedInfo", "displayTimeUnit", "schemaVersion", "traceName", "baseTimeNanoseconds",
@@ -55,9 +55,10 @@ class TopLevel(msgspec.Struct):
     saw_events: bool = False
     skipped_events: int = 0  # entries of traceEvents whose fields had unusable types
     array_format: bool = False  # the file is the event list (JSON Array Format), not an object
+    events_end: int = -1  # offset in the JSON text of the ']' that closed the event list
 
 
-class _Shape(NamedTuple):
+class Shape(NamedTuple):
     """How entries of traceEvents are decoded: the run decoder, and whether they are the typed
     ``RawEvent`` structs (an entry that is not an object is then an error) or ``Any`` / ``msgspec.Raw``."""
 
@@ -66,15 +67,15 @@ class _Shape(NamedTuple):
     raw: bool
 
 
-def _shape(event_type: Any) -> _Shape:
+def shape_for(event_type: Any) -> Shape:
     if event_type is RawEvent:
-        return _Shape(msgspec.json.Decoder(list[RawEvent], strict=False), True, False)
+        return Shape(msgspec.json.Decoder(list[RawEvent], strict=False), True, False)
     if event_type is Any or event_type is msgspec.Raw:
-        return _Shape(msgspec.json.Decoder(list[event_type]), False, event_type is msgspec.Raw)
+        return Shape(msgspec.json.Decoder(list[event_type]), False, event_type is msgspec.Raw)
     raise ValueError(f"event_type must be RawEvent, Any or msgspec.Raw, not {event_type!r}")
 
 
-def _open(path: str) -> BinaryIO:
+def open_trace(path: str) -> BinaryIO:
     try:
         raw = open(path, "rb")
     except OSError as exc:
@@ -86,7 +87,7 @@ def _open(path: str) -> BinaryIO:
     return raw
 
 
-class _Buffer:
+class TextBuffer:
     """A sliding window over the decompressed bytes, with absolute offsets for error messages."""
 
     def __init__(self, path: str, f: BinaryIO) -> None:
@@ -109,7 +110,7 @@ class _Buffer:
             chunk = self._f.read(want or SLICE_BYTES)
         except EOFError:
             raise self.error("truncated: the gzip stream ends early", len(self.buf)) from None
-        except (OSError, zlib.error, _GzipError) as exc:
+        except (OSError, zlib.error, GzipError) as exc:
             raise self.error(f"corrupt gzip data ({exc})", len(self.buf)) from None
         if not chunk:
             self.eof = True
@@ -173,52 +174,73 @@ def read_events(path: str, top: TopLevel, event_type: Any = RawEvent,
     """Yield batches of events from ``path``; fills ``top`` along the way, keeping the top-level
     members named in ``keep``. ``event_type``: ``RawEvent`` (the analyser's structs), ``Any``
     (plain values) or ``msgspec.Raw`` (JSON text). Raises TraceFormatError."""
-    shape = _shape(event_type)
-    with _open(path) as f:
-        buf = _Buffer(path, f)
-        first = buf.peek()
-        if first is None:
-            raise TraceFormatError(path, "empty file")
-        if first == ord("["):  # the JSON Array Format: the file is the event list
-            buf.pos += 1
-            top.saw_events = top.array_format = True
-            yield from _event_array(buf, top, shape)
-        elif first == ord("{"):
-            buf.pos += 1
-            yield from _object_members(buf, top, shape, keep)
-        else:
-            raise buf.error(f"not JSON trace data: it starts with {bytes(buf.buf[buf.pos:buf.pos + 16])!r}")
-        if buf.peek() is not None:
-            raise buf.error("unexpected data after the end of the trace JSON")
+    shape = shape_for(event_type)
+    with open_trace(path) as f:
+        yield from read_json_text(TextBuffer(path, f), top, shape, keep)
     if not top.saw_events:
         raise TraceFormatError(path, "no traceEvents array: not a Chrome/Kineto trace")
 
 
-def _object_members(buf: _Buffer, top: TopLevel, shape: _Shape, keep: frozenset[str]) -> Iterator[list]:
+def read_json_text(buf: TextBuffer, top: TopLevel, shape: Shape, keep: frozenset[str]) -> Iterator[list]:
+    """The events of the whole JSON text in ``buf``, from its first byte to its end."""
+    first = buf.peek()
+    if first is None:
+        raise TraceFormatError(buf.path, "empty file")
+    if first == ord("["):  # the JSON Array Format: the file is the event list
+        buf.pos += 1
+        top.saw_events = top.array_format = True
+        yield from event_array(buf, top, shape)
+    elif first == ord("{"):
+        buf.pos += 1
+        yield from _object_members(buf, top, shape, keep)
+    else:
+        raise buf.error(f"not JSON trace data: it starts with {bytes(buf.buf[buf.pos:buf.pos + 16])!r}")
+    if buf.peek() is not None:
+        raise buf.error("unexpected data after the end of the trace JSON")
+
+
+def _object_members(buf: TextBuffer, top: TopLevel, shape: Shape, keep: frozenset[str]) -> Iterator[list]:
     if buf.peek() == ord("}"):
         buf.pos += 1
         return
     while True:
-        key = _read_key(buf)
-        buf.expect(b":", "':' after a key")
-        if key == "traceEvents":
-            buf.expect(b"[", "the traceEvents array")
-            top.saw_events = True
-            yield from _event_array(buf, top, shape)
-        else:
-            value, buf.pos = buf.value_end(f"the top-level member {key!r}")
-            if key in keep:
-                top.members[key] = value
-        nxt = buf.peek()
-        buf.pos += 1
-        if nxt == ord("}"):
+        yield from _member(buf, top, shape, keep)
+        if object_ends(buf):
             return
-        if nxt != ord(","):
-            buf.pos -= 1
-            raise buf.unexpected("',' or '}' in the top-level object")
 
 
-def _read_key(buf: _Buffer) -> str:
+def rest_of_object(buf: TextBuffer, top: TopLevel, shape: Shape, keep: frozenset[str]) -> Iterator[list]:
+    """The members after one whose value was read, up to the object's '}'."""
+    while not object_ends(buf):
+        yield from _member(buf, top, shape, keep)
+
+
+def _member(buf: TextBuffer, top: TopLevel, shape: Shape, keep: frozenset[str]) -> Iterator[list]:
+    key = _read_key(buf)
+    buf.expect(b":", "':' after a key")
+    if key == "traceEvents":
+        buf.expect(b"[", "the traceEvents array")
+        top.saw_events = True
+        yield from event_array(buf, top, shape)
+    else:
+        value, buf.pos = buf.value_end(f"the top-level member {key!r}")
+        if key in keep:
+            top.members[key] = value
+
+
+def object_ends(buf: TextBuffer) -> bool:
+    """After a top-level member: True past the object's '}', False past the ',' before the next."""
+    nxt = buf.peek()
+    buf.pos += 1
+    if nxt == ord("}"):
+        return True
+    if nxt != ord(","):
+        buf.pos -= 1
+        raise buf.unexpected("',' or '}' in the top-level object")
+    return False
+
+
+def _read_key(buf: TextBuffer) -> str:
     while True:
         if buf.peek() != ord('"'):
             raise buf.unexpected("a member name")
@@ -231,9 +253,10 @@ def _read_key(buf: _Buffer) -> str:
         return json.loads(m.group())
 
 
-def _event_array(buf: _Buffer, top: TopLevel, shape: _Shape) -> Iterator[list]:
+def event_array(buf: TextBuffer, top: TopLevel, shape: Shape) -> Iterator[list]:
     """Yield the events of an array whose '[' was consumed, up to and including its ']'."""
     if buf.peek() == ord("]"):
+        top.events_end = buf.base + buf.pos
         buf.pos += 1
         return
     while True:
@@ -250,13 +273,14 @@ def _event_array(buf: _Buffer, top: TopLevel, shape: _Shape) -> Iterator[list]:
         if nxt == ord(","):
             buf.pos += 1
         elif nxt == ord("]"):
+            top.events_end = buf.base + buf.pos
             buf.pos += 1
             return
         else:
             raise buf.unexpected("',' or ']' between events")
 
 
-def _fast_slice(buf: _Buffer, shape: _Shape, top: TopLevel) -> Optional[list]:
+def _fast_slice(buf: TextBuffer, shape: Shape, top: TopLevel) -> Optional[list]:
     """Decode the longest run of whole events that ends at a boundary candidate; None when no
     candidate decodes (the slow path then takes a single event)."""
     data, start = buf.buf, buf.pos
@@ -283,7 +307,7 @@ def _fast_slice(buf: _Buffer, shape: _Shape, top: TopLevel) -> Optional[list]:
         return batch
 
 
-def _decode_run(data: bytearray, start: int, cut: int, shape: _Shape) -> list:
+def _decode_run(data: bytearray, start: int, cut: int, shape: Shape) -> list:
     """Decode data[start:cut] as a JSON array without copying it: the byte before it (the ',' or
     '[' before the run) and the byte after it (space or the ',' of the boundary) become '[' and ']'
     for the decode and are put back after. Copying each 1 MiB run into a new bytes object cost
@@ -312,7 +336,7 @@ def _last_boundary(data: bytes, start: int, limit: int) -> Optional[int]:
         k = data.rfind(b"}", start, k)
         if k < 0:
             return None
-        if _BOUNDARY.match(data, k):
+        if BOUNDARY.match(data, k):
             return k + 1
 
 
@@ -342,7 +366,7 @@ def _convert(item: dict, top: TopLevel) -> Optional[RawEvent]:
         return None
 
 
-def _one_event(buf: _Buffer, top: TopLevel, shape: _Shape) -> Any:
+def _one_event(buf: TextBuffer, top: TopLevel, shape: Shape) -> Any:
     """The exact path: one event with the standard library, which also reports real errors."""
     if buf.peek() is None:
         raise buf.error("truncated: the file ends inside traceEvents")

@@ -9,12 +9,14 @@ meaning or disappears (new fields may be added within a version).
 from __future__ import annotations
 
 import os
+from typing import Optional
+
 import msgspec
 from pathlib import Path
 
 from . import collectives, cpu, gaps, kernels, launches, ranks, steps, syncs
 from . import modules
-from . import anatomy
+from . import anatomy, halves
 from .collect import Collector, TraceData
 from .errors import TraceFormatError
 from .processes import split_processes
@@ -53,8 +55,13 @@ def trace_files(path: str | os.PathLike) -> list[Path]:
     return [p]
 
 
-def load(path: str | os.PathLike) -> TraceData:
-    """Stream one trace file into compact arrays."""
+def load(path: str | os.PathLike, head: Optional[halves.Head] = None) -> TraceData:
+    """Stream one trace file into compact arrays. ``head``: a reader of this file's head, forked by
+    ``halves.start_head``; the result is the same."""
+    if head is not None:
+        data = halves.load(os.fspath(path), head)
+        if data is not None:
+            return data
     top = TopLevel()
     collector = Collector(str(path))
     for batch in read_events(str(path), top):
@@ -112,20 +119,23 @@ def _profiler_stop_us(view: ProcessView) -> float | None:
     return kernels.us(sum(dur for _, _, dur in found)) if found else None
 
 
-def analyze_path(path: str | os.PathLike, top_n: int = 10, *, all_names: bool = False) -> dict:
+def analyze_path(path: str | os.PathLike, top_n: int = 10, *, all_names: bool = False,
+                 head: Optional[halves.Head] = None) -> dict:
     """Analyse a trace file (.json or .json.gz, gzip detected by content) or a folder of rank
     files. Raises TraceFormatError for anything unreadable.
 
     ``all_names``: the top-level ``top_kernels``, ``top_ops`` and ``collectives.top`` list every name,
     not the first ``top_n``: what ``sidecar diff`` compares (a kernel that left one capture's top ten is
-    still a figure to compare). The headline, the per-process lists and the largest gaps are unchanged."""
+    still a figure to compare). The headline, the per-process lists and the largest gaps are unchanged.
+    ``head``: a reader of the head of ``path`` (a file), forked by ``halves.start_head``; the caller
+    cancels it after."""
     if top_n < 1:
         raise ValueError("top_n must be at least 1")
     files = []
     results: list[ProcessResult] = []
     warnings: list[str] = []
     for file in trace_files(path):
-        data = load(file)
+        data = load(file, head if head is not None and head.path == os.path.abspath(file) else None)
         views = split_processes(data)
         files.append(
             {

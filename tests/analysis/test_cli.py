@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sidecar.analysis import analyze_path
+
 from . import synth
 from .conftest import trace_path
 
@@ -51,6 +53,9 @@ def test_json_with_top():
     assert len(summary["gpu"]["top_kernels"]) == 3
     assert summary["gpu"]["kernel_count"] == 19370
     assert [s["step"] for s in summary["steps"]] == [2, 3, 4, 5, 6]
+    # The command reads this large file in two processes (halves.py); this one reads it in one go.
+    in_one_go = analyze_path(trace_path("v100-train-large.json.gz"), top_n=3)
+    assert summary == json.loads(json.dumps(in_one_go))
 
 
 def test_folder(tmp_path):

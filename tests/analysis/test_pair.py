@@ -25,7 +25,7 @@ def _fake(path: str) -> dict:
 def mode(request, monkeypatch):
     if request.param == "forked" and not hasattr(os, "fork"):
         pytest.skip("no os.fork here")
-    monkeypatch.setattr(pair, "_spare_core", lambda: request.param == "forked")
+    monkeypatch.setattr(pair, "spare_core", lambda: request.param == "forked")
     return request.param
 
 
@@ -53,7 +53,7 @@ def test_a_fault_is_raised_not_hidden(mode):
 def test_a_forked_summary_is_the_one_read_here(monkeypatch):
     if not hasattr(os, "fork"):
         pytest.skip("no os.fork here")
-    monkeypatch.setattr(pair, "_spare_core", lambda: True)
+    monkeypatch.setattr(pair, "spare_core", lambda: True)
     path = str(trace_path("a100-alexnet.json.gz"))
     (a, _), (b, _) = pair.analyse_pair(path, path, lambda p: analyze_path(p, all_names=True))
     assert a == b
