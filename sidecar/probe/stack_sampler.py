@@ -6,6 +6,8 @@ thread's stack, ``sys._current_frames()[thread_id]``, from a daemon thread of it
 rate (default 1000 Hz), only while it is started, and keeps the samples as they are. After the
 capture, ``dump`` writes them, unprocessed, to the raw samples file beside the exported trace
 (sidecar/stack_samples.py): a few buffer copies and one msgpack encoding, no loop over the samples.
+What the sampler keeps while it samples (the interned frames and stacks, the sample columns, the
+segments and their clock pairs) is its ``SampleStore`` (sidecar/probe/sample_store.py).
 The sidecar turns them into flame-chart slices in the process's trace and into the summary
 (sidecar/analysis/sampled_stacks.py), off the engine process: there, that Python work would hold the
 GIL against the step thread (measured on a 2-core host: a worker's export went from 13-36 ms to
@@ -25,7 +27,8 @@ What each thread pays
   switch interval when the target holds the GIL); after ``stop()`` the sampler holds no frame,
   only code objects (name, file, first line).
 * The GIL: every sample needs it, so a sample delays the target by its cost (a walk of the frames
-  new since the last sample, up to ``max_depth``, with a per-code-object cache; benchmarks/bench_sampler.py measures it).
+  new since the last sample, up to ``max_depth``, with a per-code-object cache in the store;
+  benchmarks/bench_sampler.py measures it).
   While the target runs pure Python it holds the GIL, and the sampler gets it only when the
   interpreter forces a switch, after ``sys.getswitchinterval()`` (5 ms by default): against such
   code the achieved rate is about 150-200 Hz whatever ``hz`` says; against code that releases the
@@ -38,19 +41,14 @@ What each thread pays
   buffer and one msgpack encoding in C (about 0.2 ms for 2,000 samples, benchmarks/bench_sampler.py).
 * Idle: the thread waits on an Event; no polling, no wakeups.
 * Bounds: at most ``max_samples`` samples, ``max_events`` output slices and ``max_bytes`` (estimated
-  JSON size of the slices the sidecar will add to the trace), each counted while sampling (a table
-  of stack-to-stack transitions makes that a dict lookup per change of stack); the first one
+  JSON size of the slices the sidecar will add to the trace), each counted while sampling (the
+  store's table of stack-to-stack transitions makes that a dict lookup per change of stack); the first one
   reached stops the sampler for good, and ``stop_reason`` says which. A stack deeper than
   ``max_depth`` keeps its innermost ``max_depth`` frames (skipped ones included) under a synthetic
   root frame ``[stack cut at N frames]``.
 
-The clock
----------
-Samples are stamped with a monotonic clock (``time.perf_counter_ns``, CLOCK_MONOTONIC: immune to
-wall-clock steps during a capture). A (monotonic, Unix) pair is measured at the start and at the end
-of every sampling segment (the tightest of a few back-to-back readings), so that the sidecar can map
-sample times onto the Unix time of torch.profiler's Kineto trace (sidecar/analysis/sampled_stacks.py
-says how that clock was verified).
+Samples are stamped with a monotonic clock, mapped onto the trace's Unix time by the clock pairs of
+each segment (sidecar/probe/sample_store.py, "The clock").
 """
 
 from __future__ import annotations
@@ -62,12 +60,12 @@ import sys
 import threading
 import time
 import weakref
-from array import array
-from itertools import accumulate, chain
 from operator import attrgetter
 from typing import Any, Callable, Iterable, Optional
 
-from ..stack_samples import RawSamples, Segment, encode, frame_name
+from ..stack_samples import RawSamples, encode
+from . import sample_store
+from .sample_store import SampleStore
 
 log = logging.getLogger(__name__)
 
@@ -76,43 +74,18 @@ DEFAULT_MAX_SAMPLES = 100_000  # 100 s at 1 kHz
 DEFAULT_MAX_EVENTS = 200_000
 DEFAULT_MAX_BYTES = 32 << 20  # estimated JSON bytes of the slices
 DEFAULT_MAX_DEPTH = 128
-_EVENT_OVERHEAD_BYTES = 150  # a slice's JSON beyond its name and file (measured: 135-145)
 _IDLE_CHECK_S = 5.0  # a parked sampler thread checks this often whether its sampler was dropped
 _CODE_OF = attrgetter("f_code")
 # Frames that can be suspended and resumed under another caller: never a walk's stopping point.
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
-_OWN_FILE = __file__[:-1] if __file__.endswith((".pyc", ".pyo")) else __file__
+# The sampler's own frames (this module's, its store's) are never part of a stack it records.
+_OWN_FILES = tuple(f[:-1] if f.endswith((".pyc", ".pyo")) else f for f in (__file__, sample_store.__file__))
 
 # Why sampling ended early (``stop_reason``, the summary's "stop_reason"); None while it may go on.
 MAX_SAMPLES = "max_samples reached"
 MAX_EVENTS = "max_events reached"
 MAX_BYTES = "max_bytes reached"
 TARGET_EXITED = "target thread exited"
-
-
-class _Segment:
-    """One start..stop stretch of sampling while it is recorded: samples [lo, hi), its clock pairs."""
-
-    __slots__ = ("lo", "hi", "start_ns", "end_ns", "cal0", "cal1")
-
-    def __init__(self, lo: int, cal0: tuple[int, int]) -> None:
-        self.lo = self.hi = lo
-        self.start_ns: Optional[int] = None  # monotonic: when start() was called
-        self.end_ns: int = 0  # monotonic: when the last run ends (stop time, capped)
-        self.cal0 = cal0  # (monotonic ns, unix ns) at the start
-        self.cal1 = cal0  # ... and at the end
-
-
-def _calibrate(clock: Callable[[], int], wall: Callable[[], int], tries: int = 5) -> tuple[int, int]:
-    """(monotonic, unix) ns at one instant: the tightest of a few back-to-back wall readings."""
-    best = None
-    for _ in range(tries):
-        w0 = wall()
-        m = clock()
-        w1 = wall()
-        if best is None or w1 - w0 < best[0]:
-            best = (w1 - w0, m, (w0 + w1) // 2)
-    return best[1], best[2]  # type: ignore[index]
 
 
 def _native_id(ident: int) -> Optional[int]:
@@ -127,7 +100,7 @@ class StackSampler:
 
     ``thread_id`` is the target's ``threading.get_ident()`` (the key of ``sys._current_frames()``),
     or None to give it to ``start()``. ``skip_files``: frames whose ``co_filename`` starts with one
-    of these are left out of the stacks (this module's own frames always are). ``clock`` must be a
+    of these are left out of the stacks (the sampler's own frames always are). ``clock`` must be a
     monotonic nanosecond clock, ``wall_clock`` Unix time in ns (the trace's clock); both injectable
     for tests. The sampling thread starts here (not in ``start()``, which runs on the step thread)
     and parks until ``start()``; ``close()`` ends it (and so does dropping the sampler).
@@ -157,31 +130,9 @@ class StackSampler:
         self.hz = float(hz)
         self.period_ns = max(1, int(round(1e9 / hz)))
         self.max_samples, self.max_events, self.max_bytes, self.max_depth = max_samples, max_events, max_bytes, max_depth
-        self.skip_files = tuple(skip_files) + (_OWN_FILE,)
+        self.skip_files = tuple(skip_files) + _OWN_FILES
         self._clock, self._wall = clock, wall_clock
-        # Frames: index -> (qualname, file, first line); the code objects stay referenced so that
-        # their id() (the cache key) cannot be reused while the cache holds it.
-        self._frames: list[tuple[str, str, int]] = []
-        self._frame_bytes: list[int] = []
-        self._code_ids: dict[int, int] = {}  # id(code) -> frame index, -1 for a skipped frame
-        self._code_refs: list[Any] = []
-        self._cut_frame = self._add_frame(f"[stack cut at {max_depth} frames]", "", 0)
-        # Samples: monotonic time, stack index, executing line of the innermost kept frame.
-        self._t = array("q")
-        self._s = array("i")
-        self._line = array("i")
-        self._wait = array("q")  # ns from the tick the sample was due at to the sample (GIL wait)
-        self._stacks: list[tuple[int, ...]] = []  # index -> frame indices, innermost first
-        self._stack_ids: dict[tuple[int, ...], int] = {}
-        # (previous stack, stack) -> (levels kept from the root, new slices, their estimated bytes)
-        self._transitions: dict[tuple[int, int], tuple[int, int, int]] = {}
-        self._segments: list[_Segment] = []
-        self._slices = 0
-        self._bytes = 0
-        self._missed = 0
-        self._truncated = 0
-        self._cpu_ns = 0
-        self._active_ns = 0
+        self._store = SampleStore(self.skip_files, max_depth)
         self.stop_reason: Optional[str] = None
         self.error: Optional[str] = None
         self._native: Optional[int] = None
@@ -254,7 +205,7 @@ class StackSampler:
 
     @property
     def samples(self) -> int:
-        return len(self._t)
+        return len(self._store)
 
     # -- the hand-over: any thread, after stop() ---------------------------------------------------
     def raw(self, timeout: float = 2.0) -> RawSamples:
@@ -264,25 +215,10 @@ class StackSampler:
         self.stop()
         if not self._idle.wait(timeout):
             log.warning("inference-sidecar: stack sampler still busy after %.1f s; using what it has", timeout)
-        columns = (self._t, self._s, self._line, self._wait)
-        n = min(map(len, columns))  # equal unless the thread is still appending
-        times, sids, lines, waits = (column[:n].tobytes() for column in columns)
-        segments = []
-        for seg in list(self._segments):
-            lo, hi, end_ns = min(seg.lo, n), min(seg.hi, n), seg.end_ns
-            if hi <= lo and seg is self._segments[-1] and n > lo:  # still open: its samples so far
-                hi, end_ns = n, self._t[n - 1]
-            segments.append(Segment(lo, hi, seg.start_ns, end_ns, seg.cal0, seg.cal1))
-        stacks = list(self._stacks)
-        return RawSamples(
+        return self._store.raw(
             pid=os.getpid(), thread_id=self.thread_id, native_id=self._native, hz=self.hz,
             period_ns=self.period_ns, switch_interval_s=sys.getswitchinterval(),
-            frames=list(self._frames), cut_frame=self._cut_frame,
-            stack_frames=array("i", chain.from_iterable(stacks)).tobytes(),
-            stack_ends=array("i", accumulate(map(len, stacks))).tobytes(),
-            times=times, stack_ids=sids, lines=lines, waits=waits, segments=segments,
-            stop_reason=self.stop_reason, error=self.error, missed=self._missed, truncated=self._truncated,
-            cpu_ns=self._cpu_ns, active_ns=self._active_ns, events=self._slices, estimated_bytes=self._bytes)
+            stop_reason=self.stop_reason, error=self.error)
 
     def dump(self, path: str, timeout: float = 2.0) -> int:
         """Write ``raw()`` to ``path`` (created or replaced); returns the bytes written. Raises
@@ -309,7 +245,7 @@ class StackSampler:
                 self.error = f"{type(exc).__name__}: {exc}"
                 self.stop_reason = f"error: {self.error}"
                 self._want = False
-                self._recover()
+                self._store.recover()
         with self._lock:
             if self._want and self._gen != gen and self.stop_reason is None and not self._closed:
                 self._wake.set()  # restarted while finishing: go again at once
@@ -323,20 +259,19 @@ class StackSampler:
         if self._native_for != tid:
             self._native, self._native_for = _native_id(tid), tid
         cpu0 = time.thread_time_ns()
-        seg = _Segment(len(self._t), _calibrate(clock, self._wall))
-        seg.start_ns = self._start_ns
-        self._segments.append(seg)
+        store = self._store
+        seg = store.open_segment(self._start_ns, clock, self._wall)
         period = self.period_ns
         depth_range = range(self.max_depth)
         code_of = _CODE_OF
         get_frames = sys._current_frames
-        code_ids = self._code_ids
-        intern = self._intern
-        stack_ids = self._stack_ids
-        stacks = self._stacks
-        transitions = self._transitions
-        t_append, s_append, l_append, w_append = self._t.append, self._s.append, self._line.append, self._wait.append
-        cut = self._cut_frame
+        code_ids = store.code_ids
+        intern = store.intern
+        stack_ids = store.stack_ids
+        stacks = store.stacks
+        transitions = store.transitions
+        t_append, s_append, l_append, w_append = store.t.append, store.s.append, store.line.append, store.wait.append
+        cut = store.cut_frame
         max_depth = self.max_depth
         # The last sample's chain, root first, held only within this segment (module docstring):
         chain_frames: list = []  # its frames
@@ -344,7 +279,7 @@ class StackSampler:
         at_root: dict = {}  # id(frame) -> its place in chain_frames; plain function frames only
         sleep = time.sleep
         prev = -1  # a segment starts new slices at every level
-        n = len(self._t)
+        n = len(store)
         reason = None
         t0 = next_t = clock()
         t = t0
@@ -419,7 +354,7 @@ class StackSampler:
                 line = chain_frames[-1].f_lineno or 0
             if cut_off:
                 ids.append(cut)
-                self._truncated += 1
+                store.truncated += 1
             key = tuple(ids)
             sid = stack_ids.get(key)
             if sid is None:
@@ -428,15 +363,15 @@ class StackSampler:
             if sid != prev:
                 step = transitions.get((prev, sid))
                 if step is None:
-                    step = self._transition(prev, sid)
-                if self._slices + step[1] > self.max_events:
+                    step = store.transition(prev, sid)
+                if store.slices + step[1] > self.max_events:
                     reason = MAX_EVENTS
                     break
-                if self._bytes + step[2] > self.max_bytes:
+                if store.bytes + step[2] > self.max_bytes:
                     reason = MAX_BYTES
                     break
-                self._slices += step[1]
-                self._bytes += step[2]
+                store.slices += step[1]
+                store.bytes += step[2]
                 prev = sid
             t_append(t)
             s_append(sid)
@@ -454,69 +389,22 @@ class StackSampler:
                 sleep(wait * 1e-9)
             else:  # late (the GIL or the CPU was busy): skip to the next tick still ahead
                 late = -wait // period + 1
-                self._missed += late
+                store.missed += late
                 next_t += late * period
                 sleep((next_t - now) * 1e-9)
         end = clock()
         stop_ns = self._stop_ns
         if reason is None and stop_ns is not None:
             end = max(stop_ns, t0)
-            while len(self._t) > seg.lo and self._t[-1] > stop_ns:  # taken after stop(): not wanted
-                self._t.pop()
-                self._s.pop()
-                self._line.pop()
-                self._wait.pop()
+            store.drop_after(seg, stop_ns)  # taken after stop(): not wanted
         elif reason is not None:
             end = t
-        seg.hi = len(self._t)
-        seg.end_ns = end
-        seg.cal1 = _calibrate(clock, self._wall)
-        self._active_ns += max(0, end - t0)
-        self._cpu_ns += time.thread_time_ns() - cpu0
+        store.close_segment(seg, end, clock, self._wall)
+        store.active_ns += max(0, end - t0)
+        store.cpu_ns += time.thread_time_ns() - cpu0
         if reason is not None:
             self.stop_reason = reason
             self._want = False
-
-    def _recover(self) -> None:
-        """After an error inside a segment: equal-length sample columns, the last segment closed."""
-        n = min(len(self._t), len(self._s), len(self._line), len(self._wait))
-        for column in (self._t, self._s, self._line, self._wait):
-            del column[n:]
-        if self._segments:
-            seg = self._segments[-1]
-            if seg.hi <= seg.lo:
-                seg.hi = n
-                seg.end_ns = self._t[n - 1] if n > seg.lo else seg.end_ns
-
-    def _add_frame(self, qualname: str, filename: str, firstline: int) -> int:
-        fid = len(self._frames)
-        self._frames.append((qualname, filename, firstline))
-        self._frame_bytes.append(len(frame_name(qualname, filename, firstline)) + len(filename)
-                                 + _EVENT_OVERHEAD_BYTES)
-        return fid
-
-    def _intern(self, code: Any) -> int:
-        filename = code.co_filename
-        if filename.startswith(self.skip_files):
-            fid = -1
-        else:
-            fid = self._add_frame(getattr(code, "co_qualname", code.co_name), filename, code.co_firstlineno)
-        self._code_ids[id(code)] = fid
-        self._code_refs.append(code)
-        return fid
-
-    def _transition(self, prev: int, sid: int) -> tuple[int, int, int]:
-        """What going from stack ``prev`` to ``sid`` adds to the flame chart (for the bounds)."""
-        new = self._stacks[sid]
-        old = self._stacks[prev] if prev >= 0 else ()
-        keep = 0
-        limit = min(len(new), len(old))
-        while keep < limit and new[-1 - keep] == old[-1 - keep]:
-            keep += 1
-        fresh = len(new) - keep
-        nbytes = sum(self._frame_bytes[f] for f in new[: fresh])
-        step = self._transitions[(prev, sid)] = (keep, fresh, nbytes)
-        return step
 
 
 def _sampler_main(ref: "weakref.ref[StackSampler]", wake: threading.Event) -> None:
