@@ -31,9 +31,9 @@ import aiohttp
 
 from sidecar import auth
 from sidecar.probe.trace_root import TraceRoot
-from sidecar.protocol import (PROBE_WS_PATH, PROTOCOL_VERSION, Arm, Begin, CaptureReport, Challenge,
-                              ClockProbe, ClockReply, Heartbeat, Hello, ProcessIdentity, Proof, Stop, Verdict,
-                              decode_from_sidecar, encode)
+from sidecar.protocol import (PROBE_WS_PATH, Arm, Begin, CaptureReport, Challenge, ClockProbe, ClockReply, Heartbeat,
+                              Hello, ProcessIdentity, Proof, Stop, Verdict)
+from sidecar.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar, encode
 
 PID_BASE = 3_000_000  # the simulated ranks' pids: PID_BASE + rank (under Linux's largest, 2**22)
 BASE_STEP_NS = 250_000  # each rank's profiler started this long after the previous one's

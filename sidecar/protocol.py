@@ -1,10 +1,10 @@
 """The probe channel: every message the sidecar and the probes exchange, as one typed struct each.
 
 JSON text frames over a websocket (``PROBE_WS_PATH``). Each message is an object whose ``type`` tag
-names its struct; ``decode_from_probe`` / ``decode_from_sidecar`` decode and validate a frame in one
-call and raise ``ProtocolError`` (naming the problem) for anything malformed, so a receiver never
-half-applies a message. The first frame of a connection is the probe's ``Hello``; a probe speaking
-another ``PROTOCOL_VERSION`` is refused with an error naming both versions.
+names its struct. Turning a frame into a message and back, the validation that rejects a malformed
+frame whole, and the protocol version with the reasons for each new one are in
+sidecar/protocol_codec.py: a change here that a peer of the previous version would misread needs a
+new version there. The first frame of a connection is the probe's ``Hello``.
 
 The handshake: each side proves it knows the shared token, and neither sends it (sidecar/auth.py has
 the HMAC inputs; docs/api.md, "Probe authentication"). The probe connects with no credentials and
@@ -87,31 +87,6 @@ from its own step count when it is armed: the request waits for every "armed" be
 so that step is recorded; the sidecar's ``begin`` (the highest of the counts, no lead) only aligns the
 processes further when it arrives before their first step. It ends after ``steps`` working steps or
 when the request does (``REQUEST_ENDED``: the engine integration ends it on each step thread).
-
-Version 10 (issue 14): a marker's name (``hello.marker``) says its pid space, ``<pid>-<random>-<pid
-space>-<host>`` (sidecar/probe/marker.py), so a probe clears by their dead pid only the markers of its
-own host and pid namespace, never a live one of another container sharing the volume. A version-9
-sidecar would refuse the new name as a malformed hello, not name both versions, hence the new version.
-
-Version 9 (issue 13): the module-timing job (``module_arm``, ``modules``) and the capture spec's
-``with_modules``: an older probe would drop the one and ignore the other silently (the job would only
-time out), hence the new version.
-
-Version 8 (issue 14): clock probes (``clock``, ``clock_reply``): the sidecar aligns each process's
-trace on its own clock where a process's clock is measurably off (another host). Files over the
-channel (``hello.files_at``/``marker``, ``fetch``, ``file_chunk``): a probe that does not share the
-sidecar's file system (another host or container) has its files fetched, in chunks the sidecar
-asks for one at a time (its own back-pressure), checked by size and SHA-256.
-
-Version 7: request-scoped captures (issue 11): ``CaptureSpec.request_id``, ``request_capture``,
-``request_capture_answer``, ``request_capture_release``.
-
-Version 6: queries (flight recorder, stacks, requests in flight) and the heartbeat's step age,
-watchdog and in-flight fields (issue 11).
-
-Version 5: a probe no longer adds its sampled stacks to its trace nor summarises them; it reports
-its samples file (``stacks_file``) and the sidecar does both. A version-4 sidecar would ignore that
-field and lose the stacks silently, hence the new version.
 """
 
 from __future__ import annotations
@@ -121,7 +96,6 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 10
 PROBE_WS_PATH = "/probe/ws"
 PROBE_MARKERS_DIR = "probes"  # <trace root>/probes/<hello.marker>: a probe's marker (sidecar/probe/trace_root.py)
 RECORDER_DIR = "recorder"  # <trace root>/recorder/<probe file stem>-q<query id>.json: a recorder dump
@@ -171,17 +145,6 @@ P_ARMED, P_CAPTURING, P_SCANNING, P_EXPORTING, P_DONE, P_FAILED = (
     "armed", "capturing", "scanning", "exporting", "done", "failed")
 CaptureState = Literal["armed", "capturing", "exporting", "done", "failed"]
 ScanState = Literal["armed", "scanning", "done", "failed"]
-
-
-class ProtocolError(ValueError):
-    """A frame that is not a valid message of this protocol version."""
-
-
-class ProtocolVersionError(ProtocolError):
-    def __init__(self, theirs: Any, ours: int = PROTOCOL_VERSION) -> None:
-        # Short enough to fit a websocket close frame (123 bytes) whole.
-        super().__init__(f"probe speaks protocol {theirs!r}, sidecar speaks {ours}: "
-                         "install one inference-sidecar version on both sides")
 
 
 # -- what a probe is -----------------------------------------------------------------------------------
@@ -489,45 +452,3 @@ FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, ModuleRepo
 FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer, ClockProbe, Fetch,
                     ModuleArm]
 JobReport = Union[CaptureReport, SyncReport, ModuleReport]
-
-
-class _VersionOnly(msgspec.Struct):
-    type: Any = None
-    protocol: Any = None
-
-
-_encoder = msgspec.json.Encoder()
-_from_probe = msgspec.json.Decoder(FromProbe)
-_from_sidecar = msgspec.json.Decoder(FromSidecar)
-_version_only = msgspec.json.Decoder(_VersionOnly)
-_hello = msgspec.json.Decoder(Hello)
-
-
-def encode(msg: _Message) -> str:
-    return _encoder.encode(msg).decode()
-
-
-def _decode(decoder: msgspec.json.Decoder, frame: str | bytes) -> Any:
-    try:
-        return decoder.decode(frame)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ProtocolError(str(exc)) from None
-
-
-def decode_from_probe(frame: str | bytes) -> FromProbe:
-    return _decode(_from_probe, frame)
-
-
-def decode_from_sidecar(frame: str | bytes) -> FromSidecar:
-    return _decode(_from_sidecar, frame)
-
-
-def decode_hello(frame: str | bytes) -> Hello:
-    """The first frame of a connection. The version is checked before anything else, so a probe of
-    another version gets an error naming both versions, not a field-level complaint."""
-    head = _decode(_version_only, frame)
-    if head.type != "hello":
-        raise ProtocolError(f"the first message must be 'hello', got {head.type!r}")
-    if head.protocol != PROTOCOL_VERSION:
-        raise ProtocolVersionError(head.protocol)
-    return _decode(_hello, frame)

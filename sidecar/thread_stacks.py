@@ -67,7 +67,7 @@ _LASTI_OF = attrgetter("f_lasti")
 
 def _json_len(s: Optional[str]) -> int:
     """An upper bound of ``s`` in UTF-8 JSON, quotes included (what the probe channel writes,
-    sidecar/protocol.py): a printable ASCII character is itself (``"`` and ``\\`` escaped: two),
+    sidecar/protocol_codec.py): a printable ASCII character is itself (``"`` and ``\\`` escaped: two),
     any other at most 6 bytes (1-4 of UTF-8, or a control character's ``\\u00XX``)."""
     if s is None:
         return 4  # null

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.protocol import Arm, decode_from_sidecar, encode
+from sidecar.protocol import Arm
+from sidecar.protocol_codec import decode_from_sidecar, encode
 from sidecar.service.capture_index import _request
 from sidecar.service.captures import Capture
 from sidecar.service.params import ParamError, parse_capture_request

@@ -28,8 +28,9 @@ from typing import Callable
 import aiohttp
 
 from .. import auth, config
-from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, PROTOCOL_VERSION, Challenge, ClockProbe, ClockReply, FromSidecar,
-                        Heartbeat, Hello, ProcessIdentity, Proof, ProtocolError, decode_from_sidecar, encode)
+from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, Challenge, ClockProbe, ClockReply, FromSidecar, Heartbeat, Hello,
+                        ProcessIdentity, Proof)
+from ..protocol_codec import PROTOCOL_VERSION, ProtocolError, decode_from_sidecar, encode
 
 log = logging.getLogger(__name__)
 

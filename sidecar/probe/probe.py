@@ -29,7 +29,6 @@ from .. import config
 from ..engine import GENERIC, EngineProfile
 from ..protocol import (
     P_FAILED,
-    PROTOCOL_VERSION,
     Arm,
     Begin,
     CaptureReport,
@@ -47,9 +46,8 @@ from ..protocol import (
     SyncReport,
     SyncSpec,
     Verdict,
-    decode_hello,
-    encode,
 )
+from ..protocol_codec import PROTOCOL_VERSION, decode_hello, encode
 from .. import thread_stacks
 from ..flight_ring import GcPauses, RequestRing, StepRing, capacity_from_environment
 from . import sync_tools

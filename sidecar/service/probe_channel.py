@@ -7,7 +7,7 @@ code 4400 and the reason (logged in full, naming both versions). The sidecar ans
 own nonce and its proof that it knows the token. The next frame must be the probe's ``Proof``; anything
 else, or a wrong proof, is refused with 4400 and logged, and only a probe whose proof checks out is
 registered and sent anything more. Every later frame is decoded and validated as a whole
-(``protocol.decode_from_probe``) before anything of it is applied; a malformed one is logged and
+(``protocol_codec.decode_from_probe``) before anything of it is applied; a malformed one is logged and
 dropped, and the connection goes on. Clock probes go out from the moment a probe is registered
 (clock_sync.py) and their replies feed its clock estimate. Heartbeats update the process's step count and sync watch;
 job reports go to the job board, which routes them by job id; a request's ask for a capture (and its
@@ -30,8 +30,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from .. import auth
 from ..protocol import (CLOSE_REFUSED, PROBE_MARKERS_DIR, PROBE_WS_PATH, Answer, CaptureReport, Challenge, ClockReply,
-                        FileChunk, Heartbeat, Hello, Proof, ProtocolError, ProtocolVersionError, RequestCapture,
-                        RequestCaptureRelease, SyncReport, decode_from_probe, decode_hello, encode)
+                        FileChunk, Heartbeat, Hello, Proof, RequestCapture, RequestCaptureRelease, SyncReport)
+from ..protocol_codec import ProtocolError, ProtocolVersionError, decode_from_probe, decode_hello, encode
 from ..protocol import ModuleReport
 from . import file_fetch
 from .clock_sync import keep_probing

@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ..protocol import FromSidecar, Heartbeat, InFlight, ProcessIdentity, encode
+from ..protocol import FromSidecar, Heartbeat, InFlight, ProcessIdentity
+from ..protocol_codec import encode
 from .clock_sync import ClockEstimate
 
 log = logging.getLogger(__name__)

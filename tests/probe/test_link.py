@@ -18,16 +18,13 @@ from sidecar.engine import GENERIC
 from sidecar.probe.link import CLOSE_REFUSED, SidecarLink
 from sidecar.protocol import (
     PROBE_WS_PATH,
-    PROTOCOL_VERSION,
     Begin,
     Challenge,
     Heartbeat,
     Proof,
     Stop,
-    decode_from_probe,
-    decode_hello,
-    encode,
 )
+from sidecar.protocol_codec import PROTOCOL_VERSION, decode_from_probe, decode_hello, encode
 
 PROCESS = GENERIC.identity("worker", 0, pid=os.getpid(), host="test")
 TOKEN = "link-token"

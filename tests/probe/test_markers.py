@@ -14,7 +14,8 @@ import pytest
 
 from sidecar.probe.marker import MAX_AGE_S, MarkerName, pid_space
 from sidecar.probe.trace_root import TraceRoot
-from sidecar.protocol import PROTOCOL_VERSION, Hello, ProcessIdentity, ProtocolError, decode_hello, encode
+from sidecar.protocol import Hello, ProcessIdentity
+from sidecar.protocol_codec import PROTOCOL_VERSION, ProtocolError, decode_hello, encode
 
 UNSEEN_PID = 2**22 + 5  # above any pid here: no process of this host's namespace has it
 

@@ -16,8 +16,8 @@ import pytest
 
 from sidecar import config
 from sidecar.probe import Probe
-from sidecar.protocol import (Arm, Begin, CaptureReport, CaptureSpec, ProtocolError, Stop, SyncArm, SyncReport, SyncSpec,
-                              decode_from_sidecar)
+from sidecar.protocol import Arm, Begin, CaptureReport, CaptureSpec, Stop, SyncArm, SyncReport, SyncSpec
+from sidecar.protocol_codec import ProtocolError, decode_from_sidecar
 
 from .test_probe_messages import Sent, steps
 

@@ -23,9 +23,8 @@ from sidecar.protocol import (
     SyncArm,
     SyncReport,
     SyncSpec,
-    decode_from_probe,
-    encode,
 )
+from sidecar.protocol_codec import decode_from_probe, encode
 from sidecar.syncs.allowlist import AllowEntry
 from sidecar.syncs.sites import FORWARD, PhaseRule
 

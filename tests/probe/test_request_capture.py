@@ -16,7 +16,8 @@ from sidecar.probe.profile_header import MAX_BAGGAGE_CHARS, ProfileAsk, read_pro
 from sidecar.probe.request_capture import (DEFAULT_REQUEST_CAPTURE_STEPS, ENV_REQUEST_CAPTURE_STEPS, RequestCaptureAsks,
                                            steps_from_environment)
 from sidecar.protocol import (REQUEST_ENDED, Arm, Begin, CaptureReport, CaptureSpec, RequestCapture,
-                              RequestCaptureAnswer, RequestCaptureRelease, encode)
+                              RequestCaptureAnswer, RequestCaptureRelease)
+from sidecar.protocol_codec import encode
 
 
 # -- the ask in a request's headers ----------------------------------------------------------------

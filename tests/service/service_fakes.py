@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sidecar.engine import STANDARD_ROLES
-from sidecar.protocol import CaptureReport, ProcessIdentity, SyncReport, decode_from_sidecar
+from sidecar.protocol import CaptureReport, ProcessIdentity, SyncReport
+from sidecar.protocol_codec import decode_from_sidecar
 from sidecar.service.captures import CaptureManager
 from sidecar.service.job_board import JobBoard
 from sidecar.service.registry import ProbeConnection, ProbeRegistry

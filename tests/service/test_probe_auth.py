@@ -12,7 +12,8 @@ import secrets
 import pytest
 from aiohttp import WSMsgType
 
-from sidecar.protocol import PROBE_WS_PATH, PROTOCOL_VERSION
+from sidecar.protocol import PROBE_WS_PATH
+from sidecar.protocol_codec import PROTOCOL_VERSION
 
 from service_fakes import identity
 

@@ -9,8 +9,9 @@ import pytest
 from aiohttp import WSMsgType
 
 from sidecar import auth
-from sidecar.protocol import (PROBE_WS_PATH, PROTOCOL_VERSION, Arm, Begin, CaptureReport, Challenge, Heartbeat, Hello,
-                              Proof, Stop, decode_from_sidecar, encode, Verdict, ClockProbe)
+from sidecar.protocol import (PROBE_WS_PATH, Arm, Begin, CaptureReport, Challenge, Heartbeat, Hello, Proof, Stop,
+                              Verdict, ClockProbe)
+from sidecar.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar, encode
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.verdicts import FINAL
 

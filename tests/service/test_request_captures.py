@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar import auth
-from sidecar.protocol import (PROBE_WS_PATH, PROTOCOL_VERSION, REQUEST_ENDED, Arm, Begin, CaptureReport, Challenge,
-                              Hello, Proof, RequestCapture, RequestCaptureAnswer, RequestCaptureRelease, Stop,
-                              decode_from_sidecar, encode)
+from sidecar.protocol import (PROBE_WS_PATH, REQUEST_ENDED, Arm, Begin, CaptureReport, Challenge, Hello, Proof,
+                              RequestCapture, RequestCaptureAnswer, RequestCaptureRelease, Stop)
+from sidecar.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar, encode
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.service import captures as captures_module
 from sidecar.service.capture_index import from_json
