@@ -65,7 +65,10 @@ class Head:
 
     def cancel(self) -> None:
         if self._pid is not None:
-            os.kill(self._pid, signal.SIGKILL)
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except ProcessLookupError:  # already gone and reaped (SIGCHLD ignored: see _reap)
+                pass
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -73,7 +76,10 @@ class Head:
 
     def _reap(self) -> None:
         if self._pid is not None:
-            os.waitpid(self._pid, 0)
+            try:
+                os.waitpid(self._pid, 0)
+            except ChildProcessError:  # a process started with SIGCHLD ignored has its children reaped for it
+                pass
             self._pid = None
 
 
@@ -88,8 +94,16 @@ def start_head(path: str | os.PathLike, *, share: float = HEAD_SHARE,
     split = int(size * share)
     sys.stdout.flush()
     sys.stderr.flush()
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:  # out of descriptors: read in one go
+        return None
+    try:
+        pid = os.fork()
+    except OSError:  # out of processes or memory: read in one go
+        os.close(read_fd)
+        os.close(write_fd)
+        return None
     if pid == 0:
         _child(os.fspath(path), split, read_fd, write_fd)  # never returns
     os.close(write_fd)
@@ -110,7 +124,7 @@ def load(path: str, head: Head) -> Optional[TraceData]:
         part = head.outcome()
     finally:
         head.cancel()
-    if part is None or cut.at is None or part[0].at != cut.at:
+    if part is None or cut.at is None or part[0].at != cut.at or _has_nan_ids(part[2]):
         return None
     if error is not None:
         raise error
@@ -133,13 +147,22 @@ def join(first: TraceData, second: TraceData) -> TraceData:
     gpu = _concat(first.gpu, GpuActivities(ts=g.ts, dur=g.dur, name=name_ids[g.name], kind=g.kind, device=g.device,
                                            stream=g.stream, corr=g.corr, nbytes=g.nbytes, track=track_ids[g.track]))
     data = TraceData(
-        path=first.path, names=names, threads=threads, gpu=gpu, steps=first.steps + second.steps, tracks=tracks,
+        path=second.path,  # this process's: the path as a reading in one go names it
+        names=names, threads=threads, gpu=gpu, steps=first.steps + second.steps, tracks=tracks,
         process_names={**first.process_names, **second.process_names}, members={**first.members, **second.members},
         event_count=first.event_count + second.event_count,
         ignored_count=first.ignored_count + second.ignored_count,
         skipped_count=first.skipped_count + second.skipped_count)
     data.fractional_ts = has_fractional_ts(data)
     return data
+
+
+def _has_nan_ids(data: TraceData) -> bool:
+    """A NaN pid or tid (the standard library reads ``NaN``) matches only itself, the very object: one
+    reading in one go shares that object across the file, while the child's comes back a copy that
+    would make its own thread. Rare enough to read such a file in one go."""
+    ids = [*data.tracks, *data.process_names, *(value for key in data.threads for value in key)]
+    return any(isinstance(value, float) and value != value for value in ids)
 
 
 def _renumber(first: list, second: list) -> tuple[list, Any]:

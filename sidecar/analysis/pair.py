@@ -32,8 +32,16 @@ def analyse_pair(a: str, b: str, analyse: Callable[[str], dict]) -> tuple[Outcom
         return _outcome(analyse, a), _outcome(analyse, b)
     sys.stdout.flush()
     sys.stderr.flush()
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:  # out of descriptors: one after the other
+        return _outcome(analyse, a), _outcome(analyse, b)
+    try:
+        pid = os.fork()
+    except OSError:  # out of processes or memory: one after the other
+        os.close(read_fd)
+        os.close(write_fd)
+        return _outcome(analyse, a), _outcome(analyse, b)
     if pid == 0:
         _child(read_fd, write_fd, analyse, b)  # never returns
     os.close(write_fd)
@@ -42,11 +50,17 @@ def analyse_pair(a: str, b: str, analyse: Callable[[str], dict]) -> tuple[Outcom
         first = _outcome(analyse, a)
         data = reader.read()
     except BaseException:  # Ctrl-C, or a fault here: the child's work is of no use
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # already reaped (SIGCHLD ignored, below)
+            pass
         raise
     finally:
         reader.close()
-        _pid, status = os.waitpid(pid, 0)
+        try:
+            _pid, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # started with SIGCHLD ignored: the system reaped it; its answer is read
+            status = 0
     if not data:  # killed (out of memory, say) before it could answer
         raise RuntimeError(f"the analysis of {b} ended without a result (wait status {status})")
     kind, value = pickle.loads(data)

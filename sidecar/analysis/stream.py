@@ -156,6 +156,8 @@ class TextBuffer:
             text = self.buf[self.pos : self.pos + window].decode("utf-8", "surrogateescape")
             try:
                 value, end = decoder.raw_decode(text)
+            except RecursionError:
+                raise self.error(f"{what} is nested too deeply to read") from None
             except json.JSONDecodeError as exc:
                 incomplete = exc.msg.startswith("Unterminated") or exc.pos >= len(text.rstrip())
                 if incomplete and window < _MAX_VALUE_BYTES:
@@ -166,6 +168,11 @@ class TextBuffer:
                 if incomplete and self.eof:
                     raise self.error(f"truncated: the file ends inside {what}", at) from None
                 raise self.error(f"corrupt JSON in {what}: {exc.msg}", at) from None
+            if end == len(text) and window < _MAX_VALUE_BYTES:
+                # The value runs to the end of the text at hand: a number may go on in bytes not read yet.
+                if self.pos + window < len(self.buf) or self.more(max(SLICE_BYTES, window)):
+                    window *= 4
+                    continue
             return value, self.pos + len(text[:end].encode("utf-8", "surrogateescape"))
 
 
@@ -249,8 +256,12 @@ def _read_key(buf: TextBuffer) -> str:
             if buf.more():
                 continue
             raise buf.error("truncated: the file ends inside a member name")
+        try:
+            key = json.loads(m.group())
+        except ValueError as exc:  # a bad escape ("\x")
+            raise buf.error(f"corrupt JSON in a member name: {exc}") from None
         buf.pos = m.end()
-        return json.loads(m.group())
+        return key
 
 
 def event_array(buf: TextBuffer, top: TopLevel, shape: Shape) -> Iterator[list]:
@@ -295,6 +306,8 @@ def _fast_slice(buf: TextBuffer, shape: Shape, top: TopLevel) -> Optional[list]:
             # Typed: a field of an odd type. Untyped: a number msgspec cannot hold (an integer
             # beyond 64 bits, 1e400), which the exact path reads as the standard library does.
             batch = _lenient(b"[" + data[start:cut] + b"]", top) if shape.typed else None
+        except RecursionError:  # nested too deeply for the decoder: the exact path says where
+            return None
         except msgspec.DecodeError as exc:
             m = _ERROR_BYTE.search(str(exc))
             # The error lies at or after this position, so only an earlier candidate can work.

@@ -276,3 +276,101 @@ def test_unflushed_output_is_not_written_twice(tmp_path, capfd):
     summary.load(path, head)
     sys.stdout.flush()
     assert capfd.readouterr().out == "once"
+
+
+# --- Found by review of 0d0652f, fixed since -------------------------------------------------------
+
+
+def test_the_path_is_the_one_a_reading_in_one_go_names(tmp_path, monkeypatch):
+    # ``sidecar analyze ./t.json``: the head is forked with the path as typed, analyze_path reads
+    # Path("./t.json"), which is "t.json"; the joined data must name the file as the reading in one go does
+    # (the summary's processes[].file comes from it).
+    monkeypatch.chdir(tmp_path)
+    synth.write(tmp_path / "t.json", _events())
+    head = halves.start_head("./t.json", share=0.5, min_text_bytes=0)
+    got = summary.load(Path("./t.json"), head)
+    assert got.path == summary.load(Path("./t.json")).path == "t.json"
+
+
+def test_a_nan_pid_is_one_process_as_in_one_go(tmp_path):
+    # json.dumps writes NaN and json.loads reads it (msgspec refuses it: the exact path); every NaN of
+    # a reading in one go is the json module's one NaN object, so a NaN pid's events are one process
+    # with its threads. Pickled through the pipe, the head's NaN is another object, equal to nothing:
+    # the join makes each thread and the process name twice.
+    nan = float("nan")
+    events = _events(pid=nan)
+    path = synth.write(tmp_path / "t.json", events)
+    want = summary.load(path)
+    assert len(want.threads) == 2
+    got = _halves(path, 0.5)
+    assert len(got.threads) == 2, list(got.threads)
+    assert len(got.process_names) == len(want.process_names)
+
+
+def test_an_ignored_sigchld_still_reads_the_file(tmp_path):
+    # A parent (a supervisor, a shell script's trap) may start the CLI with SIGCHLD ignored, which is
+    # inherited: the kernel then reaps the child itself and waitpid fails with ECHILD.
+    import signal
+
+    path = synth.write(tmp_path / "t.json", _events())
+    want = summary.load(path)
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        head = halves.start_head(path, share=0.5, min_text_bytes=0)
+        got = summary.load(path, head)
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+    assert_same(got, want)
+
+
+def test_a_fork_that_fails_means_a_reading_in_one_go(tmp_path, monkeypatch):
+    # fork fails with EAGAIN (process limit) or ENOMEM: any doubt reads in one go, and the pipe is closed.
+    path = synth.write(tmp_path / "t.json", _events())
+    before = _open_fds()
+
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert halves.start_head(path, share=0.5, min_text_bytes=0) is None
+    assert _open_fds() == before
+
+
+def _deep_event(depth: int) -> str:
+    return ('{"ph": "X", "cat": "cpu_op", "name": "deep", "pid": 100, "tid": 100, "ts": 1, "dur": 1, "args": {"x": '
+            + "[" * depth + "]" * depth + "}}")
+
+
+@pytest.mark.parametrize("at", [100, 700], ids=["in the head", "in the tail"])
+def test_nesting_too_deep_to_read_is_a_trace_format_error_either_way(tmp_path, at):
+    # Both decoders count nesting against Python's recursion limit. Far past it, either reading names
+    # the event (it was a RecursionError and a traceback). Near it the two-process reading, on shallower
+    # stacks, may read an event a reading in one go refuses (docs/analysis.md says so).
+    path, _text = _with_raw_event(tmp_path, _deep_event(5000), at)
+    with pytest.raises(TraceFormatError, match="nested too deeply") as one_go:
+        summary.load(path)
+    head = halves.start_head(path, share=0.5, min_text_bytes=0)
+    with pytest.raises(TraceFormatError) as in_halves:
+        summary.load(path, head)
+    assert str(in_halves.value) == str(one_go.value)
+
+
+def test_a_top_level_number_across_a_chunk_edge(tmp_path):
+    # A member's number split by the 1 MiB read ("baseTimeNanoseconds": 123|456) was read as 123 and
+    # the rest refused as "expected ',' or '}'".
+    events = json.dumps(_events())
+    prefix = '{"padding": "' + "p" * (SLICE_BYTES - 40) + '", "baseTimeNanoseconds": '
+    assert len(prefix) < SLICE_BYTES
+    number = "1" * (SLICE_BYTES - len(prefix) + 5)  # runs past the first chunk's end
+    path = tmp_path / "t.json"
+    path.write_text(prefix + number + ', "traceEvents": ' + events + "}", encoding="utf-8")
+    data = summary.load(path)
+    assert data.members["baseTimeNanoseconds"] == int(number)
+
+
+def test_a_bad_escape_in_a_member_name_is_a_trace_format_error(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(b'{"bad\\x": 1, "traceEvents": []}')  # a backslash, then x: no such escape
+    assert b"\\x" in path.read_bytes()
+    with pytest.raises(TraceFormatError, match="member name"):
+        summary.load(path)
