@@ -32,10 +32,10 @@ from .pair import spare_core
 from .stream import TopLevel
 from .stream_parts import Cut, head_events, head_is_whole, tail_events
 
-# The head's share of the JSON text: more than half, as this process also skips the head's text,
-# imports numpy and joins the parts while the child reads (measured on v100-train-large: see
-# docs/benchmarks.md).
-HEAD_SHARE = 0.6
+# The head's share of the JSON text. This process also skips the head's text and imports numpy while
+# the child reads, and yet half is quickest: whole command, v100-train-large, 10 runs each alternating,
+# best 407 ms at 0.5 against 423 (0.45), 431 (0.55), 469 (0.6) and 490 in one go (docs/benchmarks.md).
+HEAD_SHARE = 0.5
 MIN_TEXT_BYTES = 16 << 20
 
 # What the child sends back: the cut it read to, what its stream learnt, its columns.
