@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import stat
 import struct
 import sys
 from array import array
@@ -190,8 +191,10 @@ def _concat(a: Any, b: Any) -> Any:
 
 def _text_size(path: str | os.PathLike) -> Optional[int]:
     """The size of the JSON text: a gzip file's trailer holds it (modulo 4 GiB, which only moves the
-    cut); None when the path is not a readable file."""
+    cut); None when the path is not a readable regular file."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe or device would lose what is read here
+            return None
         with open(path, "rb") as f:
             if f.read(2) == b"\x1f\x8b":
                 f.seek(-4, os.SEEK_END)

@@ -214,5 +214,8 @@ def test_no_second_reader_where_it_does_not_pay_or_cannot_run(tmp_path, monkeypa
     assert halves.start_head(small) is None, "under MIN_TEXT_BYTES"
     assert halves.start_head(tmp_path) is None, "a folder"
     assert halves.start_head(tmp_path / "missing.json", min_text_bytes=0) is None
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    assert halves.start_head(fifo, min_text_bytes=0) is None, "a pipe: nothing read from it here"
     monkeypatch.setattr(halves, "spare_core", lambda: False)
     assert halves.start_head(small, min_text_bytes=0) is None, "one core, or another thread running"
