@@ -49,6 +49,13 @@ def _same_columns(a, b, what: str) -> None:
         assert x.flags.writeable, f"{what}.{name}: writable, as a reading in one go gives it"
 
 
+def assert_reaped(pid: int) -> None:
+    """``pid`` is no child of this process any more (other tests may leave children of their own: a
+    session's vLLM server, say)."""
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
 def read_in_halves(path: Path, share: float) -> TraceData | None:
     head = halves.start_head(path, share=share, min_text_bytes=0)
     assert head is not None
@@ -187,10 +194,10 @@ def test_a_truncated_file_is_the_error_of_a_reading_in_one_go(tmp_path):
 def test_a_child_killed_before_it_answers_means_a_reading_in_one_go(tmp_path):
     path = synth.write(tmp_path / "t.json", _events())
     head = halves.start_head(path, share=0.5, min_text_bytes=0)
-    os.kill(head._pid, signal.SIGKILL)
+    pid = head._pid
+    os.kill(pid, signal.SIGKILL)
     assert halves.load(str(path), head) is None
-    with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)  # reaped
+    assert_reaped(pid)
 
 
 def test_a_fault_here_kills_and_reaps_the_child(tmp_path, monkeypatch):
@@ -201,11 +208,11 @@ def test_a_fault_here_kills_and_reaps_the_child(tmp_path, monkeypatch):
         yield
 
     head = halves.start_head(path, share=0.5, min_text_bytes=0)
+    pid = head._pid
     monkeypatch.setattr(halves, "tail_events", broken)
     with pytest.raises(RuntimeError, match="a fault of the reader's"):
         halves.load(str(path), head)
-    with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)
+    assert_reaped(pid)
     head.cancel()  # again: nothing left to do
 
 
