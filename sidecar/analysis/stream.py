@@ -301,11 +301,16 @@ def _fast_slice(buf: TextBuffer, shape: Shape, top: TopLevel) -> Optional[list]:
         if cut is None:
             return None
         try:
-            batch = _decode_run(data, start, cut, shape)
-        except msgspec.ValidationError:
-            # Typed: a field of an odd type. Untyped: a number msgspec cannot hold (an integer
-            # beyond 64 bits, 1e400), which the exact path reads as the standard library does.
-            batch = _lenient(b"[" + data[start:cut] + b"]", top) if shape.typed else None
+            try:
+                batch = _decode_run(data, start, cut, shape)
+            except msgspec.ValidationError:
+                # Typed: a field of an odd type. Untyped: a number msgspec cannot hold (an integer
+                # beyond 64 bits, 1e400), which the exact path reads as the standard library does.
+                # The typed decoder stops at the first odd field, before seeing whether the rest of
+                # the run is JSON: the lenient decode finds that out, and its error shrinks the run
+                # as below (returning None instead made every event of a long odd run decode the
+                # whole rest again, quadratic).
+                batch = _lenient(b"[" + data[start:cut] + b"]", top) if shape.typed else None
         except RecursionError:  # nested too deeply for the decoder: the exact path says where
             return None
         except msgspec.DecodeError as exc:
@@ -356,10 +361,11 @@ def _last_boundary(data: bytes, start: int, limit: int) -> Optional[int]:
 def _lenient(piece: bytes, top: TopLevel) -> Optional[list[RawEvent]]:
     """A slice whose JSON is fine but some field has an odd type (``"ts": "12.5"`` is already
     accepted): convert event by event and skip the ones that cannot be used. None when an entry is
-    not an object at all, so the exact path reports it with its offset."""
+    not an object at all, or holds a number msgspec cannot, so the exact path reports or reads it.
+    Raises msgspec.DecodeError where the piece is not JSON (the caller shrinks the run)."""
     try:
         items = msgspec.json.decode(piece)
-    except msgspec.DecodeError:
+    except msgspec.ValidationError:
         return None
     if not all(isinstance(item, dict) for item in items):
         return None
