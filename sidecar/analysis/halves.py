@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import stat
 import struct
-import sys
 from array import array
 from typing import Any, BinaryIO, Optional
 
 from .collect import Collector, GpuActivities, HostThread, TraceData, has_fractional_ts
 from .errors import TraceFormatError
-from .pair import spare_core
+from . import forked
+from .forked import spare_core
 from .stream import TopLevel
 from .stream_parts import Cut, head_events, head_is_whole, tail_events
 
@@ -46,42 +45,20 @@ HeadPart = tuple[Cut, TopLevel, TraceData]
 class Head:
     """The forked reader of one file's head. ``outcome`` once; ``cancel`` always (idempotent)."""
 
-    def __init__(self, path: str, split: int, pid: int, fd: int) -> None:
+    def __init__(self, path: str, split: int, child: forked.Child) -> None:
         self.path = path  # absolute
         self.split = split
-        self._pid: Optional[int] = pid
-        self._fd: Optional[int] = fd
+        self._child = child
 
     def outcome(self) -> Optional[HeadPart]:
         """The child's part, its columns numpy arrays; None when it is of no use (see the module's text)."""
-        assert self._fd is not None, "outcome() is read once"
-        with os.fdopen(self._fd, "rb") as pipe:
-            self._fd = None
-            try:
-                part = _receive(pipe)
-            except (EOFError, pickle.UnpicklingError, ValueError):  # killed before or while it answered
-                part = None
-        self._reap()
-        return part
+        try:
+            return self._child.receive(_receive)
+        except (EOFError, pickle.UnpicklingError, ValueError):  # killed before or while it answered
+            return None
 
     def cancel(self) -> None:
-        if self._pid is not None:
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-            except ProcessLookupError:  # already gone and reaped (SIGCHLD ignored: see _reap)
-                pass
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        self._reap()
-
-    def _reap(self) -> None:
-        if self._pid is not None:
-            try:
-                os.waitpid(self._pid, 0)
-            except ChildProcessError:  # a process started with SIGCHLD ignored has its children reaped for it
-                pass
-            self._pid = None
+        self._child.cancel()
 
 
 def start_head(path: str | os.PathLike, *, share: float = HEAD_SHARE,
@@ -93,22 +70,8 @@ def start_head(path: str | os.PathLike, *, share: float = HEAD_SHARE,
     if size is None or size < min_text_bytes:
         return None
     split = int(size * share)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        read_fd, write_fd = os.pipe()
-    except OSError:  # out of descriptors: read in one go
-        return None
-    try:
-        pid = os.fork()
-    except OSError:  # out of processes or memory: read in one go
-        os.close(read_fd)
-        os.close(write_fd)
-        return None
-    if pid == 0:
-        _child(os.fspath(path), split, read_fd, write_fd)  # never returns
-    os.close(write_fd)
-    return Head(os.path.abspath(path), split, pid, read_fd)
+    child = forked.fork(lambda pipe: _send(pipe, _read_head(os.fspath(path), split)))
+    return Head(os.path.abspath(path), split, child) if child is not None else None
 
 
 def load(path: str, head: Head) -> Optional[TraceData]:
@@ -204,24 +167,15 @@ def _text_size(path: str | os.PathLike) -> Optional[int]:
         return None
 
 
-def _child(path: str, split: int, read_fd: int, write_fd: int) -> None:
-    """Read the head, send its part (or None) through the pipe, and leave without running the
-    parent's exit handlers or flushing its buffers (``os._exit``), whatever happens."""
+def _read_head(path: str, split: int) -> Optional[HeadPart]:
+    """In the child: the head's part, or None when it is not a run of whole events."""
     try:
-        os.close(read_fd)
-        answer: Optional[HeadPart] = None
-        try:
-            top, cut, collector = TopLevel(), Cut(), Collector(path)
-            for batch in head_events(path, top, split, cut):
-                collector.add(batch)
-            if head_is_whole(top, cut):
-                answer = (cut, top, collector.data)
-        except BaseException:  # a bad text or a bad cut: the reading in one go says which
-            answer = None
-        with os.fdopen(write_fd, "wb") as pipe:
-            _send(pipe, answer)
-    finally:
-        os._exit(0)
+        top, cut, collector = TopLevel(), Cut(), Collector(path)
+        for batch in head_events(path, top, split, cut):
+            collector.add(batch)
+    except BaseException:  # a bad text or a bad cut: the reading in one go says which
+        return None
+    return (cut, top, collector.data) if head_is_whole(top, cut) else None
 
 
 # The part goes through the pipe as a pickled header, its columns emptied, then each column's bytes:

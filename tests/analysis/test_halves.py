@@ -194,7 +194,7 @@ def test_a_truncated_file_is_the_error_of_a_reading_in_one_go(tmp_path):
 def test_a_child_killed_before_it_answers_means_a_reading_in_one_go(tmp_path):
     path = synth.write(tmp_path / "t.json", _events())
     head = halves.start_head(path, share=0.5, min_text_bytes=0)
-    pid = head._pid
+    pid = head._child._pid
     os.kill(pid, signal.SIGKILL)
     assert halves.load(str(path), head) is None
     assert_reaped(pid)
@@ -208,7 +208,7 @@ def test_a_fault_here_kills_and_reaps_the_child(tmp_path, monkeypatch):
         yield
 
     head = halves.start_head(path, share=0.5, min_text_bytes=0)
-    pid = head._pid
+    pid = head._child._pid
     monkeypatch.setattr(halves, "tail_events", broken)
     with pytest.raises(RuntimeError, match="a fault of the reader's"):
         halves.load(str(path), head)

@@ -260,11 +260,11 @@ def test_the_pipe_is_closed_and_the_child_reaped(tmp_path):
     path = synth.write(tmp_path / "t.json", _events(3000))  # columns larger than a pipe's buffer
     before = _open_fds()
     head = halves.start_head(path, share=0.9, min_text_bytes=0)
-    pids = [head._pid]
+    pids = [head._child._pid]
     assert summary.load(path, head) is not None
     head.cancel()
     head = halves.start_head(path, share=0.5, min_text_bytes=0)
-    pids.append(head._pid)
+    pids.append(head._child._pid)
     head.cancel()  # never read
     assert _open_fds() == before
     for pid in pids:

@@ -72,13 +72,17 @@ def run(capture, steps):
         capture.on_step_end(True)
 
 
-def test_a_capture_with_shapes_records_each_step_in_its_own_session_and_leaves_one_file(tmp_path, exporter):
+def captured(tmp_path, exporter, spec: CaptureSpec, steps: int):
+    """Run ``steps`` steps of a capture of ``spec`` to its end: its raw trace's path and its last report."""
     reports = Reports()
     path = tmp_path / "raw" / "w.json"
-    capture = StepCapture(CaptureSpec(id="c1", steps=3, record_shapes=True), str(path), reports, exporter)
-    run(capture, 4)
+    run(StepCapture(spec, str(path), reports, exporter), steps)
     assert reports.done.wait(20)
-    last = reports.messages[-1]
+    return path, reports.messages[-1]
+
+
+def test_a_capture_with_shapes_records_each_step_in_its_own_session_and_leaves_one_file(tmp_path, exporter):
+    path, last = captured(tmp_path, exporter, CaptureSpec(id="c1", steps=3, record_shapes=True), 4)
     assert last.state == "done" and last.steps_recorded == 3, last
     events = json.loads(path.read_text())["traceEvents"]
     steps = sorted(e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
@@ -101,12 +105,7 @@ def test_a_part_that_fails_to_export_fails_the_capture_and_no_part_is_left(tmp_p
         return real(self, out)
 
     monkeypatch.setattr(tp.profile, "export_chrome_trace", export)
-    reports = Reports()
-    path = tmp_path / "raw" / "w.json"
-    capture = StepCapture(CaptureSpec(id="c2", steps=3, with_flops=True), str(path), reports, exporter)
-    run(capture, 3)
-    assert reports.done.wait(20)
-    last = reports.messages[-1]
+    path, last = captured(tmp_path, exporter, CaptureSpec(id="c2", steps=3, with_flops=True), 3)
     assert last.state == "failed" and "disk said no" in last.error, last
     assert calls == [part_path(str(path), k) for k in range(3)]
     assert not path.parent.exists() or os.listdir(path.parent) == []
