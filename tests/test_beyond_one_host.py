@@ -9,7 +9,8 @@ import asyncio
 import gzip
 import json
 
-from test_service import engines, sidecar, wait_final, wait_processes  # noqa: F401 (fixtures)
+from sidecar.service import arming
+from test_service import engines, sidecar, wait_final, wait_processes, wait_step_rates  # noqa: F401 (fixtures)
 
 SKEW_S = 5.05  # half a grid step off the grid: uncorrected, every step would sit 50 ms from it
 GRID_MS = 100.0
@@ -144,17 +145,20 @@ async def test_two_hosts_processes_with_one_role_rank_and_pid_keep_a_file_each(s
         assert (min(steps) < 30) if host == "host-a" else (min(steps[:-1]) >= 40), (host, steps)
 
 
-async def test_two_engine_instances_each_start_at_their_own_step(sidecar, engines):  # noqa: F811
+async def test_two_engine_instances_each_start_at_their_own_step(sidecar, engines, monkeypatch):  # noqa: F811
     """Two servers sharing one sidecar count their own steps: one started seconds after the other is
     thousands of steps behind, and a common start step would make it record steps the first one took
     long ago (or wait seconds for them). Each instance gets a start step ahead of its own counts."""
+    # As in test_service.py's merge test: the check is of each instance's own start step, so the begin
+    # message must reach every process before it (a CI run's worker started 2 steps late, a note).
+    monkeypatch.setattr(arming, "BEGIN_LEAD_S", 1.0)
     client = await sidecar()
     engines(client.url, "engine_core", "--instance", "a")
     engines(client.url, "worker", "--rank", "0", "--instance", "a")
     await wait_processes(client, 2)
     await asyncio.sleep(2.0)  # instance a is about a thousand steps ahead
     engines(client.url, "worker", "--rank", "0", "--instance", "b")
-    procs = await wait_processes(client, 3)
+    procs = await wait_step_rates(client, 3)
     assert sorted(p["instance"] for p in procs) == ["a", "a", "b"]
     resp = await client.get("/profile/start", params={"steps": "3", "timeout_s": "20"})
     status = await wait_final(client, (await resp.json())["id"])

@@ -75,6 +75,21 @@ async def wait_final(client, capture_id, timeout=60):
     raise AssertionError(f"capture still {body['state']}")
 
 
+async def wait_step_rates(client, count: int) -> list[dict]:
+    """The ``count`` processes once every stepping one has a step rate. The begin lead is measured in
+    time only once heartbeats (every 2 s) have given a process its rate (service/registry.py); before
+    that it is 2 steps, which the begin message misses on a loaded runner as surely as 0.25 s. A test
+    that checks aligned starts starts its capture after this."""
+    procs = await wait_processes(client, count)
+    for _ in range(150):
+        if all(p["step_rate"] for p in procs if p["role"] != "api_server"):
+            break
+        await asyncio.sleep(0.1)
+        procs = await wait_processes(client, count)
+    assert all(p["step_rate"] for p in procs if p["role"] != "api_server"), procs
+    return procs
+
+
 async def test_capture_across_processes_merges_one_timeline(sidecar, engines, tmp_path, monkeypatch):
     # The start step lies BEGIN_LEAD_S ahead at the fastest step rate; this sidecar shares the test's
     # process and the 2 cores with four engines, and on a loaded runner its begin message took longer
@@ -88,15 +103,7 @@ async def test_capture_across_processes_merges_one_timeline(sidecar, engines, tm
     engines(client.url, "api_server")
     procs = await wait_processes(client, 4)
     assert [p["role"] for p in procs] == ["api_server", "engine_core", "worker", "worker"]
-    # The lead is measured in time only once heartbeats (every 2 s) have given each stepping process a
-    # rate (service/registry.py); before that it is 2 steps, which the begin message misses on a loaded
-    # runner as surely as 0.25 s. So the capture starts once every rate is known.
-    for _ in range(150):
-        if all(p["step_rate"] for p in procs if p["role"] != "api_server"):
-            break
-        await asyncio.sleep(0.1)
-        procs = await wait_processes(client, 4)
-    assert all(p["step_rate"] for p in procs if p["role"] != "api_server"), procs
+    await wait_step_rates(client, 4)
 
     resp = await client.get("/profile/start", params={"steps": "3"})
     assert resp.status == 202
