@@ -4,9 +4,13 @@ Arming has two phases. The sidecar sends ``arm`` / ``sync_arm``; every step-driv
 with its count of working steps (``steps_seen``). Every process of an engine counts the same working
 steps, so one ``begin`` with a start step ahead of all the counts makes every process record the
 *same* engine steps — per engine instance (``ProcessIdentity.instance``): two instances count their own
-steps, and each gets a start step ahead of its own counts. The lead covers the time ``begin`` takes to reach the probes: 2 steps plus
-``BEGIN_LEAD_S`` at the fastest observed step rate, or the slowest probe's round trip for ``arm``
-where that was longer (a loaded host, a busy event loop: ``begin`` travels the same way). ``delay`` (working steps to skip) is added here
+steps, and each gets a start step ahead of its own counts. The lead covers the time ``begin`` takes
+to reach the probes: 2 steps plus, at the fastest observed step rate, the longest of ``BEGIN_LEAD_S``,
+twice the slowest probe's round trip for ``arm`` (a loaded host, a busy event loop: ``begin``
+travels the same way, and one message's delivery varies), and half as much again as a ``begin`` once
+took to reach one of these processes (``begin_took``: learned from a process that started late, kept
+on its connection), so that a host whose probes were reached late once gets a longer lead from then
+on. ``delay`` (working steps to skip) is added here
 and nowhere else: the probes are told only where to start. A count is projected to the moment
 ``begin`` leaves: a process that answered at once has stepped on while the sidecar waited for a
 slower one (up to ``ARM_REPLY_S``).
@@ -29,7 +33,12 @@ import math
 from typing import Any, Iterable, Sequence
 
 ARM_REPLY_S = 3.0  # how long every step-driven probe has to answer "arm" before it counts as lost
-BEGIN_LEAD_S = 0.25  # the start step lies this far ahead at the fastest observed step rate
+# The start step lies at least this far ahead at the fastest observed step rate. 0.25 s was short on
+# a loaded 2-core host: a worker's begin arrived 4 steps late on real vLLM; a capture that starts a
+# quarter of a second later costs its user nothing.
+BEGIN_LEAD_S = 0.5
+ROUND_TRIPS = 2.0  # the lead is at least this many of the slowest "arm" round trip
+LEARNED_MARGIN = 1.5  # and this much of the longest a begin took to reach one of the processes
 MIN_LEAD_STEPS = 2  # also the whole lead while no rate is measured
 
 
@@ -38,16 +47,29 @@ def fastest_rate(rates: Iterable[float | None]) -> float | None:
     return max((r for r in rates if r is not None), default=None)
 
 
-def lead_seconds(arm_round_trip_s: float | None) -> float:
-    """How far ahead the start step lies in time: ``BEGIN_LEAD_S``, or the slowest ``arm`` round
-    trip where that was longer, at most ``ARM_REPLY_S`` (a reply later than that is lost anyway)."""
-    return min(max(BEGIN_LEAD_S, arm_round_trip_s or 0.0), ARM_REPLY_S)
+def lead_seconds(arm_round_trip_s: float | None = None, begin_took_s: float = 0.0) -> float:
+    """How far ahead the start step lies in time: the longest of ``BEGIN_LEAD_S``, ``ROUND_TRIPS``
+    slowest ``arm`` round trips and ``LEARNED_MARGIN`` times the longest a begin took to reach one of
+    the processes, at most ``ARM_REPLY_S`` (a reply later than that is lost anyway)."""
+    return min(max(BEGIN_LEAD_S, ROUND_TRIPS * (arm_round_trip_s or 0.0), LEARNED_MARGIN * begin_took_s),
+               ARM_REPLY_S)
 
 
-def lead_steps(fastest_rate: float | None, arm_round_trip_s: float | None = None) -> int:
+def lead_steps(fastest_rate: float | None, lead_s: float = BEGIN_LEAD_S) -> int:
+    """The lead in steps: ``MIN_LEAD_STEPS`` plus ``lead_s`` at ``fastest_rate`` (only the minimum
+    while no rate is measured)."""
     if fastest_rate is None:
         return MIN_LEAD_STEPS
-    return MIN_LEAD_STEPS + math.ceil(max(fastest_rate, 0.0) * lead_seconds(arm_round_trip_s))
+    return MIN_LEAD_STEPS + math.ceil(max(fastest_rate, 0.0) * lead_s)
+
+
+def begin_took(lead_s: float, late_steps: int, rate: float | None) -> float | None:
+    """At least how long a ``begin`` sent ``lead_s`` ahead took to reach a process that started
+    ``late_steps`` working steps after its start step, at its step ``rate`` (None: no rate, no
+    estimate)."""
+    if late_steps <= 0 or not rate or rate <= 0:
+        return None
+    return lead_s + late_steps / rate
 
 
 def projected(steps_seen: int, fastest_rate: float | None, waited_s: float) -> int:
@@ -60,9 +82,9 @@ def projected(steps_seen: int, fastest_rate: float | None, waited_s: float) -> i
 
 
 def start_step(steps_seen: Iterable[int], fastest_rate: float | None, delay: int,
-               arm_round_trip_s: float | None = None) -> int:
+               lead_s: float = BEGIN_LEAD_S) -> int:
     """``max(steps_seen) + lead + delay``; ``steps_seen`` must not be empty."""
-    return max(steps_seen) + lead_steps(fastest_rate, arm_round_trip_s) + delay
+    return max(steps_seen) + lead_steps(fastest_rate, lead_s) + delay
 
 
 def by_instance(processes: Sequence[Any]) -> dict[str, list[Any]]:

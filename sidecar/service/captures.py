@@ -169,9 +169,9 @@ class CaptureManager(JobManager[Capture]):
     def _arm_message(self, capture: Capture) -> Arm:
         return Arm(spec=capture.spec())
 
-    def _start_step(self, capture: Capture, replied: list[CaptureProcess]) -> int:
+    def _start_step(self, capture: Capture, replied: list[CaptureProcess]) -> tuple[int, float | None]:
         if capture.bound_request is not None:  # its request runs as soon as every process is armed
-            return arming.at_once(p.steps_seen for p in replied)
+            return arming.at_once(p.steps_seen for p in replied), None
         return super()._start_step(capture, replied)
 
     async def stop_capture(self, capture: Capture, reason: str) -> None:

@@ -196,24 +196,25 @@ class JobManager(Generic[J]):
         # Each engine instance counts its own steps (two servers sharing this sidecar, data-parallel
         # engine cores): one start step per instance, ahead of that instance's counts.
         for instance, members in arming.by_instance(replied).items():
-            start = self._start_step(job, members)
+            start, lead_s = self._start_step(job, members)
             job.start_steps[instance] = start
             begin = Begin(job_id=job.id, start_step=start)
             for rec in members:
-                rec.start_step = start
+                rec.start_step, rec.lead_s = start, lead_s
                 if not await rec.conn.send(begin):
                     job.move(rec, P_LOST, "probe unreachable when beginning")
         job.start_step = next(iter(job.start_steps.values())) if len(job.start_steps) == 1 else None
         await self._progress(job)
 
-    def _start_step(self, job: J, replied: list[ProcessRun]) -> int:
-        """The start step sent in ``begin`` to ``replied``, the processes of one engine instance
-        (arming.py); a kind may start its jobs otherwise."""
+    def _start_step(self, job: J, replied: list[ProcessRun]) -> tuple[int, float | None]:
+        """The start step sent in ``begin`` to ``replied``, the processes of one engine instance, and
+        its lead in seconds (arming.py); a kind may start its jobs otherwise (lead None: none)."""
         fastest = arming.fastest_rate(p.conn.step_rate for p in replied)
         slowest_reply = max((p.arm_round_trip_s or 0.0 for p in replied), default=None)
+        lead_s = arming.lead_seconds(slowest_reply, max(p.conn.begin_took_s for p in replied))
         since_arm = time.monotonic() - job.armed_at
         counts = [arming.projected(p.steps_seen, fastest, since_arm - (p.arm_round_trip_s or 0.0)) for p in replied]
-        return arming.start_step(counts, fastest, job.request.delay, slowest_reply)
+        return arming.start_step(counts, fastest, job.request.delay, lead_s), lead_s
 
     # -- probe events ------------------------------------------------------------------------------
     async def on_report(self, conn: ProbeConnection, report: JobReport) -> None:
@@ -256,6 +257,7 @@ class JobManager(Generic[J]):
                 job.notes.append(
                     f"{rec.label} started at step {rec.first_step}, not {rec.start_step}: "
                     "the begin message reached it late, so its steps differ from the others'")
+                self._learn_begin_latency(rec)
             # An API server's window opens at "arm": only a step-driven process records steps.
             if job.state == ARMED and rec.step_driven:
                 job.advance(self.kind.running)
@@ -265,6 +267,16 @@ class JobManager(Generic[J]):
             job.move(rec, report.state)
             if report.state == P_DONE:
                 self._take_result(job, rec, report)
+
+    @staticmethod
+    def _learn_begin_latency(rec: ProcessRun) -> None:
+        """A begin that reached ``rec`` late: how long it took at least is kept on its connection, and
+        the next job's lead covers it (arming.py)."""
+        if rec.lead_s is None or rec.conn is None or rec.first_step is None:
+            return
+        took = arming.begin_took(rec.lead_s, rec.first_step - rec.start_step, rec.conn.step_rate)
+        if took is not None:
+            rec.conn.begin_took_s = max(rec.conn.begin_took_s, took)
 
     async def on_probe_lost(self, conn: ProbeConnection) -> None:
         job = self._active

@@ -84,6 +84,7 @@ class ProcessRun:
     first_step: int | None = None  # the working step it started recording at
     start_step: int | None = None  # the step "begin" told it to start at (its instance's)
     arm_round_trip_s: float | None = None  # from sending "arm" to its "armed" reply (the begin lead)
+    lead_s: float | None = None  # how far ahead in time its start step was chosen (None: no lead)
     error: str | None = None
     stop_reason: str | None = None  # why the probe ended early, as it reported (its own limit, say)
 

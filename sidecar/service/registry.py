@@ -31,6 +31,9 @@ class ProbeConnection:
     steps: int = 0  # the latest working-step count the probe sent
     # Working steps per second between two counts received on this connection; None until then.
     step_rate: float | None = None
+    # The longest a "begin" took to reach it, learned when it started a job late (arming.py): the
+    # lead of its later jobs covers it.
+    begin_took_s: float = 0.0
     sync_watch: dict[str, Any] | None = None  # the probe's latest always-on sync watch report
     open_step_ms: float | None = None  # how long its running step had run at the last heartbeat
     stuck: dict[str, Any] | None = None  # its watchdog's report while a step runs over the threshold

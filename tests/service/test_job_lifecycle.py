@@ -158,6 +158,30 @@ async def test_a_late_start_is_noted(world, fake_merge):
     assert capture.notes and "started at step" in capture.notes[0]
 
 
+async def test_a_late_start_lengthens_the_next_lead_to_that_process(world, fake_merge):
+    w0 = world.connect("worker", 0)
+    w0.step_rate = 20.0
+    first = await world.captures.start(CaptureRequest(steps=1))
+    await world.capture_report(w0, first.id, "armed", steps_seen=5)
+    await until(lambda: first.start_step is not None)
+    lead_s = first.processes[0].lead_s
+    assert first.start_step - 5 == lead_steps(20.0, lead_s) and lead_s >= 0.5
+    # Half a second late at 20 steps/s: the begin took the lead and half a second more.
+    late = first.start_step + 10
+    await world.capture_report(w0, first.id, "capturing", first_step=late)
+    assert w0.begin_took_s == pytest.approx(lead_s + 0.5)
+    await world.capture_report(w0, first.id, "exporting", steps_recorded=1, first_step=late)
+    await world.capture_report(w0, first.id, "done", steps_recorded=1, first_step=late,
+                               file=str(first.dir / "raw" / "w.json"), bytes=9)
+    await first.done_event.wait()
+
+    second = await world.captures.start(CaptureRequest(steps=1))
+    await world.capture_report(w0, second.id, "armed", steps_seen=100)
+    await until(lambda: second.start_step is not None)
+    assert second.processes[0].lead_s == pytest.approx(1.5 * (lead_s + 0.5))
+    assert second.start_step - 100 >= lead_steps(20.0, 1.5 * (lead_s + 0.5))
+
+
 async def test_reports_out_of_order_or_of_the_other_kind_are_dropped_whole(world, fake_merge):
     w0 = world.connect("worker", 0)
     capture = await world.captures.start(CaptureRequest(steps=3))

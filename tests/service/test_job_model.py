@@ -138,22 +138,39 @@ def test_only_a_job_that_recorded_nothing_can_be_cancelled(table, running):
 @pytest.mark.parametrize("seen, rate, delay, expected", [
     ([10, 12], None, 0, 14),  # no rate measured yet (a new connection): the minimum lead
     ([10, 12], 0.0, 0, 14),  # the lead is at least 2 steps
-    ([10, 12], 20.0, 0, 12 + 2 + 5),  # plus a quarter second at the fastest rate
-    ([10, 12], 20.0, 7, 12 + 2 + 5 + 7),  # delay: working steps skipped, added by the sidecar only
-    ([0], 3.0, 0, 0 + 2 + 1),
+    ([10, 12], 20.0, 0, 12 + 2 + 10),  # plus half a second at the fastest rate
+    ([10, 12], 20.0, 7, 12 + 2 + 10 + 7),  # delay: working steps skipped, added by the sidecar only
+    ([0], 3.0, 0, 0 + 2 + 2),
 ])
 def test_the_common_start_step(seen, rate, delay, expected):
     assert arming.start_step(seen, rate, delay) == expected
 
 
 @pytest.mark.parametrize("round_trip_s, expected", [
-    (None, 12 + 2 + 5),  # no reply timed: a quarter second at the fastest rate
-    (0.05, 12 + 2 + 5),  # a quick reply: still the quarter second
-    (1.0, 12 + 2 + 20),  # a slow one (a loaded host): begin travels as slowly, so a second ahead
+    (None, 12 + 2 + 10),  # no reply timed: half a second at the fastest rate
+    (0.05, 12 + 2 + 10),  # a quick reply: still the half second
+    (1.0, 12 + 2 + 40),  # a slow one (a loaded host): begin travels as slowly, so two such ahead
     (60.0, 12 + 2 + 60),  # never more than the arm reply's own limit (3 s)
 ])
 def test_a_slow_arm_reply_lengthens_the_lead(round_trip_s, expected):
-    assert arming.start_step([10, 12], 20.0, 0, round_trip_s) == expected
+    assert arming.start_step([10, 12], 20.0, 0, arming.lead_seconds(round_trip_s)) == expected
+
+
+@pytest.mark.parametrize("took_s, expected_s", [
+    (0.0, 0.5),  # nothing learned: the floor
+    (0.2, 0.5),  # a begin that took less than the floor's margin: still the floor
+    (1.0, 1.5),  # one that took a second: half as much again
+    (10.0, 3.0),  # never more than the arm reply's limit
+])
+def test_a_begin_that_once_came_late_lengthens_the_lead(took_s, expected_s):
+    assert arming.lead_seconds(0.01, took_s) == pytest.approx(expected_s)
+
+
+def test_how_long_a_late_begin_took():
+    # Sent half a second ahead, it reached a process stepping 20 times a second 4 steps late.
+    assert arming.begin_took(0.5, 4, 20.0) == pytest.approx(0.7)
+    assert arming.begin_took(0.5, 0, 20.0) is None, "on time: nothing to learn"
+    assert arming.begin_took(0.5, 4, None) is None and arming.begin_took(0.5, 4, 0.0) is None
 
 
 def test_a_count_is_projected_to_when_begin_leaves():
