@@ -49,7 +49,8 @@ def fault_stack_builder(tiny_model, tmp_path_factory) -> ReusedStack:
     floor SMALL_DISK_FLOOR_MB): it fills when a test fills it. The OTLP endpoint (traces and metrics)
     is ``stack.dead_port``, where nothing listens unless a test puts a backend there: every export is
     refused, retried for up to 10 s (the exporters' default timeout), dropped. Spans leave the queue
-    after 0.2 s, and the queue holds 64 (the default 2048 would take minutes of load to fill);
+    after 0.2 s, and the queue holds 16 (the default 2048 would take minutes of load to fill; 64 did
+    not fill on a slow CI runner, whose load made fewer spans than three exports dropped);
     metrics are pushed to the sidecar every second."""
     def make(resources):
         work = tmp_path_factory.mktemp("fault-stack")
@@ -61,8 +62,8 @@ def fault_stack_builder(tiny_model, tmp_path_factory) -> ReusedStack:
                               "SIDECAR_TRACE_DIR": str(disk.folder),
                               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
                               "OTEL_BSP_SCHEDULE_DELAY": "200",
-                              "OTEL_BSP_MAX_QUEUE_SIZE": "64",
-                              "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64",  # the SDK's processor (the sidecar's spans) refuses more
+                              "OTEL_BSP_MAX_QUEUE_SIZE": "16",
+                              "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "16",  # the SDK's processor (the sidecar's spans) refuses more
                               "SIDECAR_METRICS_PUSH_INTERVAL_MS": "1000",
                           })
         stack.disk, stack.dead_port = disk, port

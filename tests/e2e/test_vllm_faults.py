@@ -7,7 +7,7 @@ client request failed and that what the sidecar says afterwards is true.
 - The sidecar SIGKILLed in the middle of a capture, then restarted: the capture is listed as
   interrupted, and a new one starts within seconds of the sidecar answering and ends ``done``.
 - The OTLP trace backend down (connection refused) for a while under load: the API server's memory
-  stays bounded (its span queue, 64 spans here, fills and drops), the spans it could not export are
+  stays bounded (its span queue, 16 spans here, fills and drops), the spans it could not export are
   counted on the sidecar's ``/metrics``, and spans arrive again once a backend listens there.
 
 The first two share the session's ``vllm_stack`` and leave it as they found it: its sidecar running,
@@ -184,8 +184,11 @@ def test_sidecar_sigkilled_mid_capture_then_restarted(vllm_stack, background_loa
 
 # -- the OTLP trace backend down -----------------------------------------------------------------------
 
-# 20 s down is 3 of the OTLP exporter's 10 s export attempts (each retries until its timeout, then its
-# batch is dropped), long enough for the 64-span queue (conftest.py) to fill and drop under the load.
+# 20 s down is 3 of the OTLP exporter's export attempts (each retries with backoff, 1 + 2 + 4 s, until
+# the next wait would pass its 10 s timeout, then its batch is dropped), long enough for the 16-span
+# queue (conftest.py) to fill and drop under the load. Here 166 requests made 616 spans: 32 dropped
+# by two failed exports, 584 by the full queue. With a 64-span queue a slow CI runner's load dropped
+# 452 spans, every one by a failed export: the queue never filled.
 OUTAGE_S = 20
 RSS_SAMPLE_S = 2
 RSS_BASELINE_S = 6
