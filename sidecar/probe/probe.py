@@ -35,9 +35,7 @@ from ..protocol import (
     CaptureSpec,
     Fetch,
     FromSidecar,
-    Heartbeat,
     Hello,
-    InFlight,
     ProcessIdentity,
     Query,
     RequestCaptureAnswer,
@@ -52,6 +50,7 @@ from .. import thread_stacks
 from ..flight_ring import GcPauses, RequestRing, StepRing, capacity_from_environment
 from . import sync_tools
 from .file_sender import FileSender
+from .heartbeat import HeartbeatSource
 from .limits import ProbeLimits
 from .link import SidecarLink
 from .queries import QueryAnswerer
@@ -148,16 +147,11 @@ class Probe:
         self._on_capture_report = on_capture_report  # also told of window captures (capture spans)
         # The always-on sync watch (sidecar.syncs.watch), step-driven processes only; None when off.
         if sync_watch is not None:
-            self._watch, self._watch_note = sync_watch, None
+            self._watch, watch_note = sync_watch, None
         else:
-            self._watch, self._watch_note = sync_tools.watch_from_environment(profile, self.identity.step_driven)
+            self._watch, watch_note = sync_tools.watch_from_environment(profile, self.identity.step_driven)
         if self._watch is not None:
             self._watch.install()
-        self._watch_sent = -1  # the watch version the sidecar last received (-1: none since connecting)
-        # The step ring's rows the heartbeats have looked at (link thread only); None: none yet on this
-        # connection, so the first heartbeat starts from now: steps taken before it (warm-up, or while
-        # no sidecar listened) are history, which /recorder shows, not new events for a trigger.
-        self._slowest_read: int | None = None
         self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-sidecar-export")
         # The flight recorder (sidecar/flight_ring.py): always on, fixed memory. Steps in step-driven
         # processes; finished requests where the engine integration adds them (the API server).
@@ -175,6 +169,8 @@ class Probe:
             ring = self.ring
             self.watchdog = Watchdog(threshold, lambda: ring.open_since_ns, lambda: self.steps + 1,
                                      lambda: thread_stacks.snapshot(ring.step_thread_id))
+        self._heartbeats = HeartbeatSource(lambda: self.steps, watch=self._watch, watch_note=watch_note,
+                                           ring=self.ring, watchdog=self.watchdog, in_flight=in_flight)
         # Files go over the channel where the sidecar does not see this marker (another host) or
         # where SIDECAR_PROBE_SEND_FILES asks (file_sender.py).
         self._marker = "" if config.env_flag(config.ENV_PROBE_SEND_FILES) else _make_marker(self.trace_root, self.identity.host)
@@ -184,7 +180,7 @@ class Probe:
             self.identity,
             on_message=self._on_message,
             on_disconnect=self._on_disconnect,
-            heartbeat=self._heartbeat,
+            heartbeat=self._heartbeats.build,
             warmup=_warm_profiler_imports,
             files_at=os.path.realpath(self.trace_root.path),
             marker=self._marker,
@@ -412,40 +408,6 @@ class Probe:
             except Exception:
                 log.debug("inference-sidecar: capture report callback failed", exc_info=True)
 
-    def _heartbeat(self) -> Heartbeat:
-        """The heartbeat (link thread): step count, the watch's report when it has changed since the
-        sidecar last got it, the running step's age, the watchdog's report, the requests in flight."""
-        watch = self._watch
-        sync_watch = None
-        if watch is not None and watch.version != self._watch_sent:
-            self._watch_sent = watch.version
-            sync_watch = watch.report()
-        elif self._watch_note is not None and self._watch_sent == -1:
-            self._watch_sent = 0
-            sync_watch = {"state": "unavailable", "reason": self._watch_note, "sites": []}
-        open_step_ms = None
-        if self.ring is not None and (since := self.ring.open_since_ns):
-            open_step_ms = max(0.0, (time.time_ns() - since) / 1e6)
-        slowest_ms = slowest_step = None
-        if self.ring is not None:
-            if self._slowest_read is None:
-                self._slowest_read = self.ring.written
-            slowest_ms, slowest_step, self._slowest_read = self.ring.slowest_since(self._slowest_read)
-        stuck = self.watchdog.check() if self.watchdog is not None else None
-        return Heartbeat(steps=self.steps, sync_watch=sync_watch, open_step_ms=open_step_ms, stuck=stuck,
-                         in_flight=self._in_flight_summary(), slowest_step_ms=slowest_ms, slowest_step=slowest_step)
-
-    def _in_flight_summary(self) -> InFlight | None:
-        if self._in_flight is None:
-            return None
-        try:
-            requests = self._in_flight()
-        except Exception as exc:
-            log.debug("inference-sidecar: requests in flight not read: %s", exc)
-            return None
-        arrivals = [r["arrived_ns"] for r in requests if r.get("arrived_ns")]
-        return InFlight(count=len(requests), oldest_arrival_ns=min(arrivals) if arrivals else None)
-
     def _step_thread_id(self) -> int | None:
         ring = self.ring
         return ring.step_thread_id if ring is not None else None
@@ -469,8 +431,7 @@ class Probe:
     def _on_disconnect(self) -> None:
         if self.request_captures is not None:
             self.request_captures.on_disconnect()
-        self._watch_sent = -1  # a new sidecar (or the same, restarted) needs the report again
-        self._slowest_read = None
+        self._heartbeats.reset()  # a new sidecar (or the same, restarted) is told again
         capture = self._capture
         if capture is not None:
             capture.request_stop("sidecar disconnected")

@@ -122,7 +122,7 @@ def test_a_process_without_steps_or_loop_refuses_a_capture(tmp_path):
 def test_heartbeats_are_typed():
     probe, _ = make_probe()
     steps(probe, 4)
-    beat = probe._heartbeat()
+    beat = probe._heartbeats.build()
     assert beat == Heartbeat(steps=4) and decode_from_probe(encode(beat)) == beat
 
 
