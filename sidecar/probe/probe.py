@@ -54,7 +54,8 @@ from .heartbeat import HeartbeatSource
 from .limits import ProbeLimits
 from .link import SidecarLink
 from .queries import QueryAnswerer
-from .recorder import StepCapture, WindowCapture, stack_mode
+from .profiler_options import stack_mode
+from .recorder import StepCapture, WindowCapture
 from ..protocol import MODEL_EXTRA, ModuleArm, ModuleReport, ModuleSpec
 from .module_job import ModuleTiming
 from .request_capture import RequestCaptureAsks

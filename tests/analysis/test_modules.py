@@ -15,7 +15,8 @@ from sidecar.analysis import analyze_path, format_report
 from sidecar.analysis.modules import ABSENT_NOTE, CATEGORIES, category_of, type_of
 from sidecar.devtools.local_model import build_model
 from sidecar.engine import ENGINE_CORE, WORKER
-from sidecar.probe.recorder import StepCapture, module_mode, stack_mode
+from sidecar.probe.profiler_options import module_mode, stack_mode
+from sidecar.probe.recorder import StepCapture
 from sidecar.protocol import CaptureSpec
 
 from . import synth

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sidecar.client import SidecarClient
-from sidecar.probe.recorder import WINDOW_MAX_STACK_HZ
+from sidecar.probe.profiler_options import WINDOW_MAX_STACK_HZ
 
 pytestmark = pytest.mark.vllm
 

@@ -21,7 +21,8 @@ import pytest
 from sidecar.engine import API_SERVER, ENGINE_CORE, WORKER
 from sidecar.probe import stack_sampler
 from sidecar.probe.limits import ProbeLimits
-from sidecar.probe.recorder import WINDOW_MAX_STACK_HZ, StepCapture, WindowCapture, stack_mode
+from sidecar.probe.profiler_options import WINDOW_MAX_STACK_HZ, stack_mode
+from sidecar.probe.recorder import StepCapture, WindowCapture
 from sidecar.protocol import CaptureReport, CaptureSpec
 from sidecar.service.disk_space import NO_SPACE
 from sidecar.service.merge import FinalizeResult, finalize_capture

@@ -1,10 +1,10 @@
-"""What the probe asks of torch.profiler (sidecar/probe/recorder.py, make_profiler)."""
+"""What the probe asks of torch.profiler (sidecar/probe/profiler_options.py, make_profiler)."""
 
 import json
 
 import torch
 
-from sidecar.probe.recorder import make_profiler
+from sidecar.probe.profiler_options import make_profiler
 from sidecar.protocol import CaptureSpec
 
 

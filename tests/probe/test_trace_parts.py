@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.profiler as tp
 
-from sidecar.probe.recorder import StepCapture, records_in_parts
+from sidecar.probe.profiler_options import records_in_parts
+from sidecar.probe.recorder import StepCapture
 from sidecar.probe.trace_parts import events_span, join_parts, part_path
 from sidecar.protocol import CaptureSpec
 from test_recorder import Reports, exporter  # noqa: F401  (the fixture)
