@@ -61,6 +61,7 @@ from .config import ENV_RECORDER_STEPS, env_number
 log = logging.getLogger(__name__)
 
 DEFAULT_STEP_CAPACITY = 65536  # >= 10 min at 100 steps/s
+RATE_WINDOW_S = 2.0  # a process's own step rate at "arm" is measured over its last this many seconds
 DEFAULT_GC_CAPACITY = 4096
 DEFAULT_GC_MIN_PAUSE_NS = 1_000_000  # shorter GC pauses only count in totals (GcPauses)
 DEFAULT_REQUEST_CAPACITY = 16384
@@ -212,6 +213,28 @@ class StepRing(_PackedRows):
         if best_step is None:
             return None, None, written
         return best_ns / 1e6, best_step, written
+
+    def recent_rate(self, window_s: float = RATE_WINDOW_S, now_ns: int = 0) -> float | None:
+        """Working steps per second between the first and the last step that ended in the last
+        ``window_s`` (None: fewer than two, or no working step among them). Read at "arm" on the link
+        thread: the sidecar's lead needs a rate before its heartbeats measured one (service/arming.py).
+        It unpacks those rows only, newest first, and stops at a row that is not older than the one
+        after it (the step thread overwrote it meanwhile)."""
+        written = self.written
+        if written < 2:
+            return None
+        horizon = (now_ns or time_ns()) - int(window_s * 1e9)
+        slots, width, rows = self._slots, self._row_bytes, self._rows
+        last_step, _, last_end = _STEP_HEAD.unpack_from(rows, (written - 1) % slots * width)
+        first_step, first_end = last_step, last_end
+        for i in range(written - 2, max(written - self.capacity, 0) - 1, -1):
+            step, _, end = _STEP_HEAD.unpack_from(rows, i % slots * width)
+            if end < horizon or end > first_end or step > first_step:
+                break
+            first_step, first_end = step, end
+        if last_end <= first_end or last_step <= first_step:
+            return None
+        return (last_step - first_step) * 1e9 / (last_end - first_end)
 
     def dump(self, since_ns: int = 0) -> dict[str, Any]:
         """The ring's rows, oldest first, those ending at or after ``since_ns``, as columns

@@ -26,11 +26,11 @@ probe → sidecar
                                                    how long the running step has run; the watchdog's
                                                    report; the requests this process knows in flight;
                                                    the slowest step ended since the last heartbeat
-  capture    {job_id, state, steps_recorded, steps_seen?, first_step?, file?, bytes, stacks,
+  capture    {job_id, state, steps_recorded, steps_seen?, step_rate?, first_step?, file?, bytes, stacks,
               stacks_file?, stack_summary?, error?, stop_reason?}
-  sync       {job_id, state, steps_recorded, steps_seen?, first_step?, treat_cpu_as_device, sites?,
+  sync       {job_id, state, steps_recorded, steps_seen?, step_rate?, first_step?, treat_cpu_as_device, sites?,
               error?, stop_reason?}
-  modules    {job_id, state, steps_recorded, steps_seen?, first_step?, clock, rows?, hooks_before,
+  modules    {job_id, state, steps_recorded, steps_seen?, step_rate?, first_step?, clock, rows?, hooks_before,
               hooks_after, error?, stop_reason?}   a module-timing job: one row per module with "done"
   answer     {query_id, kind, data?, file?, error?}   the answer to a query (below)
   request_capture          {ask, request_id, steps}  a window process (the API server) asks for a
@@ -297,6 +297,9 @@ class _JobReport(_Message, kw_only=True):
     job_id: JobId
     steps_recorded: Count = 0
     steps_seen: Count | None = None  # with "armed": the process's working-step count
+    # With "armed": its working steps per second over its last 2 s (None: too few steps), which the
+    # sidecar's begin lead uses before its own heartbeats have measured a rate.
+    step_rate: Annotated[float, msgspec.Meta(ge=0)] | None = None
     first_step: Count | None = None  # the working step recording started at
     error: Text | None = None
     stop_reason: Text | None = None

@@ -147,10 +147,11 @@ class StepWindow:
         """End recording at the first step boundary ``seconds`` after it began, with ``reason``."""
         self._time_limit = (seconds, reason)
 
-    def report_armed(self, steps_seen: int) -> None:
+    def report_armed(self, steps_seen: int, step_rate: float | None = None) -> None:
         """Tell the sidecar this process is armed, with its working-step count: the sidecar picks one
-        start step for every process from these counts."""
-        self._report_state(P_ARMED, steps_seen=steps_seen)
+        start step for every process from these counts, ahead of them by a lead in time that
+        ``step_rate`` (working steps per second lately; None: not known) turns into steps."""
+        self._report_state(P_ARMED, steps_seen=steps_seen, step_rate=step_rate)
 
     def begin(self, start_step: int) -> None:
         """Record from working step ``start_step`` on (or from the next one, if it has passed)."""

@@ -77,9 +77,10 @@ async def wait_final(client, capture_id, timeout=60):
 
 async def wait_step_rates(client, count: int) -> list[dict]:
     """The ``count`` processes once every stepping one has a step rate. The begin lead is measured in
-    time only once heartbeats (every 2 s) have given a process its rate (service/registry.py); before
-    that it is 2 steps, which the begin message misses on a loaded runner as surely as 0.25 s. A test
-    that checks aligned starts starts its capture after this."""
+    time only where a rate is known: the sidecar's from heartbeats (every 2 s, service/registry.py),
+    or the probe's own over its last 2 s, sent with "armed", which a process that has only just
+    begun stepping may not have yet; without either it is 2 steps, which the begin message misses
+    on a loaded runner. A test that checks aligned starts starts its capture after this."""
     procs = await wait_processes(client, count)
     for _ in range(150):
         if all(p["step_rate"] for p in procs if p["role"] != "api_server"):
@@ -171,18 +172,18 @@ async def test_busy_no_probes_and_stop(sidecar, engines):
 
 
 async def test_timeout_on_an_engine_that_went_idle_ends_partial(sidecar, engines):
-    client = await sidecar(max_steps=200)
-    # 120 steps of 50 ms: the engine is still stepping when the capture arms, even on a loaded
-    # runner (with 40 it had gone idle before the arm there, and never began); the 9 s timeout
-    # comes after it went idle.
-    engines(client.url, "worker", "--rank", "0", "--steps-then-idle", "120", "--step-ms", "50")
+    client = await sidecar(max_steps=400)
+    # 240 steps of 50 ms: the engine is still stepping when the capture begins, half a second or
+    # more after it arms, even on a loaded runner (with 40, then 120, it had gone idle before the
+    # start step there, and never began); the 15 s timeout comes after it went idle.
+    engines(client.url, "worker", "--rank", "0", "--steps-then-idle", "240", "--step-ms", "50")
     await wait_processes(client, 1)
-    capture_id = (await (await client.get("/profile/start", params={"steps": "150", "timeout_s": "9"})).json())["id"]
-    status = await wait_final(client, capture_id, timeout=40)
+    capture_id = (await (await client.get("/profile/start", params={"steps": "300", "timeout_s": "15"})).json())["id"]
+    status = await wait_final(client, capture_id, timeout=50)
     # The engine stopped stepping while recording: torch can only stop on its step, so the
     # process is reported lost and the capture failed with the reason, without hanging.
     assert status["state"] in ("failed", "partial")
-    assert "timeout after 9 s" in status["reason"]
+    assert "timeout after 15 s" in status["reason"]
     assert status["processes"][0]["state"] in ("lost", "done")
 
 

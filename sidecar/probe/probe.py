@@ -353,7 +353,7 @@ class Probe:
                 # from this count, so that step is recorded whenever the sidecar's begin arrives.
                 capture.begin(steps_seen)
             self._capture = capture
-            capture.report_armed(steps_seen)
+            capture.report_armed(steps_seen, self._recent_rate())
         else:
             capture = WindowCapture(spec, path, self._report_capture, self._exporter, self._loop, self.identity.cuda,
                                     self.limits, stacks, self._phase_scopes, self.profile.phase_table(self.identity.role))
@@ -377,7 +377,7 @@ class Probe:
         job = ModuleTiming(spec, self._link.send, self._model, self._exporter, cuda=self.identity.cuda)
         job.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
         self._scan = job
-        job.report_armed(self.steps)
+        job.report_armed(self.steps, self._recent_rate())
 
     def _arm_scan(self, spec: SyncSpec) -> None:
         current = self._scan
@@ -396,7 +396,7 @@ class Probe:
             return
         scan.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
         self._scan = scan
-        scan.report_armed(self.steps)
+        scan.report_armed(self.steps, self._recent_rate())
 
     def _report_capture(self, msg: CaptureReport) -> None:
         self._link.send(msg)
@@ -408,6 +408,11 @@ class Probe:
                 self._on_capture_report(msg)
             except Exception:
                 log.debug("inference-sidecar: capture report callback failed", exc_info=True)
+
+    def _recent_rate(self) -> float | None:
+        """This process's working steps per second lately (its flight recorder's rows), for "armed"."""
+        ring = self.ring
+        return ring.recent_rate() if ring is not None else None
 
     def _step_thread_id(self) -> int | None:
         ring = self.ring

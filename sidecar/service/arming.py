@@ -21,10 +21,13 @@ answered with, and each probe began from its own count when it was armed (sideca
 ``at_once`` is the highest of those counts: it still covers the request's first step, and every
 process that has not begun yet when it arrives starts at the same step as the others.
 
-A rate is only ever measured between two counts this sidecar received on one connection
-(registry.py): right after a (re)connect there may be none. Then the lead is the minimum, on purpose:
-a lead too short makes a process start a step or two late (the capture's notes name it), while one
-guessed too long makes the job wait for steps that may never come (a burst that ends, its timeout).
+The rates are those measured between two counts this sidecar received on one connection
+(registry.py), and each process's own rate over its last 2 s, which it sends with "armed" (its flight
+recorder's rows, StepRing.recent_rate): right after a (re)connect only the second exists. Where
+neither does (the flight recorder off, or fewer than two steps in 2 s) the lead is the minimum, on
+purpose: a lead too short makes a process start a step or two late (the capture's notes name it),
+while one guessed too long makes the job wait for steps that may never come (a burst that ends, its
+timeout).
 """
 
 from __future__ import annotations

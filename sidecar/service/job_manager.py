@@ -209,7 +209,9 @@ class JobManager(Generic[J]):
     def _start_step(self, job: J, replied: list[ProcessRun]) -> tuple[int, float | None]:
         """The start step sent in ``begin`` to ``replied``, the processes of one engine instance, and
         its lead in seconds (arming.py); a kind may start its jobs otherwise (lead None: none)."""
-        fastest = arming.fastest_rate(p.conn.step_rate for p in replied)
+        # Each process's own rate at arm and the rate its heartbeats gave: right after a (re)connect
+        # only the first exists.
+        fastest = arming.fastest_rate([p.conn.step_rate for p in replied] + [p.step_rate for p in replied])
         slowest_reply = max((p.arm_round_trip_s or 0.0 for p in replied), default=None)
         lead_s = arming.lead_seconds(slowest_reply, max(p.conn.begin_took_s for p in replied))
         since_arm = time.monotonic() - job.armed_at
@@ -241,6 +243,7 @@ class JobManager(Generic[J]):
         if not rec.step_driven:
             return  # a window process starts at "arm"; it has no start step to agree on
         rec.steps_seen = report.steps_seen or 0
+        rec.step_rate = report.step_rate
         rec.arm_round_trip_s = time.monotonic() - job.armed_at
         if report.steps_seen is not None:
             # The probe's count as of now: with a heartbeat's, a rate where none was measured yet (a

@@ -81,6 +81,7 @@ class ProcessRun:
     state: str = P_ARMED
     steps_recorded: int = 0
     steps_seen: int | None = None  # the process's working-step count when it was armed
+    step_rate: float | None = None  # its working steps per second lately, as it said when armed
     first_step: int | None = None  # the working step it started recording at
     start_step: int | None = None  # the step "begin" told it to start at (its instance's)
     arm_round_trip_s: float | None = None  # from sending "arm" to its "armed" reply (the begin lead)

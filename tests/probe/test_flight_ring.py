@@ -471,3 +471,27 @@ def test_slowest_since_reads_only_the_steps_that_ended_since_the_last_read(monke
         ring.end(step, True)
     ms, step, seen = ring.slowest_since(3)
     assert seen == 9 and ms == 1.0 and step in (6, 7, 8, 9)
+
+
+def test_recent_rate_counts_the_working_steps_that_ended_in_the_window():
+    ring = StepRing(capacity=64)
+    assert ring.recent_rate(now_ns=10**12) is None, "no step yet"
+    second = 10**9
+    # Working steps 1..20, one every 50 ms, ending at 10 s (20 steps/s), with an idle step between.
+    for i in range(1, 21):
+        ring.end(i, True, now_ns=10 * second - (20 - i) * 50_000_000)
+    ring.end(20, False, now_ns=10 * second + 10_000_000)  # no work: the count stays 20
+    assert ring.recent_rate(2.0, now_ns=10 * second + 20_000_000) == pytest.approx(19 / 0.96)
+    # Only the rows of the window count (ended at 9.5 s or later: steps 10..20, the idle one last).
+    assert ring.recent_rate(0.52, now_ns=10 * second + 20_000_000) == pytest.approx(10 / 0.51)
+    assert ring.recent_rate(2.0, now_ns=20 * second) is None, "an engine idle for 10 s has no rate lately"
+
+
+def test_recent_rate_of_an_idle_spinning_engine_or_a_small_ring():
+    ring = StepRing(capacity=4)
+    for i in range(10):
+        ring.end(5, False, now_ns=10**9 + i * 1_000_000)  # steps with no work
+    assert ring.recent_rate(2.0, now_ns=10**9 + 10**7) is None
+    for i in range(6, 16):  # more than the ring holds: only its 4 rows are read
+        ring.end(i, True, now_ns=2 * 10**9 + i * 10_000_000)
+    assert ring.recent_rate(2.0, now_ns=2 * 10**9 + 16 * 10**7) == pytest.approx(3 / 0.03)

@@ -72,7 +72,10 @@ def test_arm_answers_armed_with_the_step_count_and_begin_starts_at_the_common_st
     probe, sent = make_probe()
     steps(probe, 3)
     probe._on_message(Arm(spec=CaptureSpec(id="c1", steps=2)))
-    assert sent == [CaptureReport(job_id="c1", state="armed", steps_seen=3)]
+    # With its own step rate lately (its flight recorder's rows): the sidecar's lead needs one.
+    [armed] = sent
+    assert armed.step_rate > 0
+    assert armed == CaptureReport(job_id="c1", state="armed", steps_seen=3, step_rate=armed.step_rate)
     steps(probe, 2)  # armed, not begun: nothing is recorded
     assert probe._capture.state == "armed"
     probe._on_message(Begin(job_id="other", start_step=0))  # not this probe's job: ignored
@@ -152,7 +155,8 @@ def test_a_scan_uses_the_profiles_phase_rules_and_allowlist_and_waits_for_begin(
     body = lambda: (toy_forward(), toy_sample())  # noqa: E731
     steps(probe, 2, body=body)
     probe._on_message(SyncArm(spec=SyncSpec(id="s5", steps=2)))
-    assert sent == [SyncReport(job_id="s5", state="armed", steps_seen=2, treat_cpu_as_device=True)]
+    assert sent == [SyncReport(job_id="s5", state="armed", steps_seen=2, step_rate=sent[0].step_rate,
+                               treat_cpu_as_device=True)] and sent[0].step_rate > 0
     steps(probe, 1, body=body)  # armed, not begun: not scanned
     probe._on_message(Begin(job_id="s5", start_step=4))
     steps(probe, 1, has_work=False, body=body)  # idle: neither scanned nor counted

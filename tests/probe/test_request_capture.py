@@ -179,7 +179,7 @@ def test_a_bound_capture_begins_at_arm_and_ends_with_its_request_on_the_step_thr
     probe, sent = make_probe()
     steps(probe, 3)
     probe._on_message(Arm(spec=CaptureSpec(id="r1", steps=32, request_id="cmpl-a-0")))
-    assert sent == [CaptureReport(job_id="r1", state="armed", steps_seen=3)]
+    assert sent == [CaptureReport(job_id="r1", state="armed", steps_seen=3, step_rate=sent[0].step_rate)]
     steps(probe, 1, has_work=False)  # idle steps record nothing
     steps(probe, 4)  # the request's prefill and three decode steps: no begin needed
     assert probe._capture.state == "recording"

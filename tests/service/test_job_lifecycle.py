@@ -158,6 +158,18 @@ async def test_a_late_start_is_noted(world, fake_merge):
     assert capture.notes and "started at step" in capture.notes[0]
 
 
+async def test_a_new_connection_leads_by_the_rate_its_probe_reports_when_armed(world, fake_merge):
+    core, w0 = world.connect("engine_core"), world.connect("worker", 0)
+    assert core.step_rate is None and w0.step_rate is None, "no heartbeats yet: the sidecar measured no rate"
+    capture = await world.captures.start(CaptureRequest(steps=1))
+    await world.capture_report(core, capture.id, "armed", steps_seen=50, step_rate=40.0)
+    await world.capture_report(w0, capture.id, "armed", steps_seen=50)  # its flight recorder is off
+    await until(lambda: capture.start_step is not None)
+    lead_s = capture.processes[0].lead_s
+    # Not the 2-step minimum: the fastest reported rate turns the lead in time into steps.
+    assert capture.start_step >= 50 + lead_steps(40.0, lead_s) > 50 + lead_steps(None)
+
+
 async def test_a_late_start_lengthens_the_next_lead_to_that_process(world, fake_merge):
     w0 = world.connect("worker", 0)
     w0.step_rate = 20.0
