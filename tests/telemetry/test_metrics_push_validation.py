@@ -11,7 +11,7 @@ import subprocess
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
 from sidecar.service import metrics_store
-from sidecar.service.metrics_receiver import CAPTURE_METRICS
+from sidecar.service.metrics_receiver import CAPTURE_METRICS, METRICS_STORE
 
 from .metric_pushes import app, counter, gauge, histogram, push, request, samples
 
@@ -70,7 +70,9 @@ async def test_bad_series_are_dropped_at_push_and_counted(aiohttp_client):
 
 
 async def test_one_name_keeps_one_type_across_processes(aiohttp_client):
-    client = await aiohttp_client(app(stale_after_s=0.3))
+    # Stale after a minute until the check of staleness below: a loaded host can take longer than
+    # a fraction of a second over the pushes and the scrape before it.
+    client = await aiohttp_client(app(stale_after_s=60))
     assert (await push(client, request(1, counter("queue.depth", 4)))).status == 200
     # Another process, the same name as a gauge: one family cannot be both; the first one stays.
     resp = await push(client, request(2, gauge("queue.depth", 9.0), gauge("queue.depth_total", 9.0),
@@ -88,8 +90,10 @@ async def test_one_name_keeps_one_type_across_processes(aiohttp_client):
     assert _dropped(text) == {"conflicting_type": 3}
 
     # Once the counter's process has gone stale, its name is free again.
-    await asyncio.sleep(0.4)
-    assert (await push(client, request(2, gauge("queue.depth", 9.0)))).status == 200
+    client.app[METRICS_STORE].stale_after_s = 0.05
+    await asyncio.sleep(0.1)
+    assert (await push(client, request(2, gauge("queue.depth", 9.0)))).status == 200  # the others expire first
+    client.app[METRICS_STORE].stale_after_s = 60  # this push stays until the scrape after it
     assert samples(await _scrape(client))["queue_depth"][0][1] == 9.0
 
 

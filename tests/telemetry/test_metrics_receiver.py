@@ -187,7 +187,9 @@ async def test_the_exporter_signs_each_push_and_sends_no_token(aiohttp_client):
 
 
 async def test_stale_processes_disappear_and_capture_counters_render(aiohttp_client):
-    client = await aiohttp_client(_app(stale_after_s=0.2))
+    # Stale after a minute, then after 50 ms: a loaded host once took longer than a 0.2 s limit
+    # between the push and the first scrape.
+    client = await aiohttp_client(_app(stale_after_s=60))
     url = str(client.make_url("/v1/metrics"))
     reader = PeriodicExportingMetricReader(SidecarMetricExporter(url, token_provider=lambda: None),
                                            export_interval_millis=3_600_000)
@@ -196,7 +198,8 @@ async def test_stale_processes_disappear_and_capture_counters_render(aiohttp_cli
     await _push(url, provider, reader)
     client.app[CAPTURE_METRICS].observe("done", steps=5, nbytes=1000, duration_s=1.5)
     assert "sidecar_step_duration_seconds_bucket" in _samples(await (await client.get("/metrics")).text())
-    await asyncio.sleep(0.3)
+    client.app[METRICS_STORE].stale_after_s = 0.05
+    await asyncio.sleep(0.1)
     samples = _samples(await (await client.get("/metrics")).text())
     assert "sidecar_step_duration_seconds_bucket" not in samples
     assert samples["sidecar_captures_total"] == [({"state": "done"}, 1.0)]
