@@ -9,8 +9,8 @@ to reach the probes: 2 steps plus, at the fastest observed step rate, the longes
 twice the slowest probe's round trip for ``arm`` (a loaded host, a busy event loop: ``begin``
 travels the same way, and one message's delivery varies), and half as much again as a ``begin`` once
 took to reach one of these processes (``begin_took``: learned from a process that started late, kept
-on its connection), so that a host whose probes were reached late once gets a longer lead from then
-on. ``delay`` (working steps to skip) is added here
+on its connection), so that a host whose probes were reached late gets a longer lead from then on,
+fading over the jobs that start on time after it (``on_time``). ``delay`` (working steps to skip) is added here
 and nowhere else: the probes are told only where to start. A count is projected to the moment
 ``begin`` leaves: a process that answered at once has stepped on while the sidecar waited for a
 slower one (up to ``ARM_REPLY_S``).
@@ -42,6 +42,9 @@ ARM_REPLY_S = 3.0  # how long every step-driven probe has to answer "arm" before
 BEGIN_LEAD_S = 0.5
 ROUND_TRIPS = 2.0  # the lead is at least this many of the slowest "arm" round trip
 LEARNED_MARGIN = 1.5  # and this much of the longest a begin took to reach one of the processes
+# What a begin that arrived on time leaves of that: a slow spell (a load peak) lengthens the leads
+# that follow it, and fades over the captures that start on time after it.
+ON_TIME_DECAY = 0.8
 MIN_LEAD_STEPS = 2  # also the whole lead while no rate is measured
 
 
@@ -73,6 +76,11 @@ def begin_took(lead_s: float, late_steps: int, rate: float | None) -> float | No
     if late_steps <= 0 or not rate or rate <= 0:
         return None
     return lead_s + late_steps / rate
+
+
+def on_time(begin_took_s: float) -> float:
+    """What is kept of how long a begin took once another reached the process on time."""
+    return begin_took_s * ON_TIME_DECAY
 
 
 def projected(steps_seen: int, fastest_rate: float | None, waited_s: float) -> int:

@@ -260,6 +260,7 @@ class JobManager(Generic[J]):
                 job.notes.append(
                     f"{rec.label} started at step {rec.first_step}, not {rec.start_step}: "
                     "the begin message reached it late, so its steps differ from the others'")
+            if rec.step_driven:
                 self._learn_begin_latency(rec)
             # An API server's window opens at "arm": only a step-driven process records steps.
             if job.state == ARMED and rec.step_driven:
@@ -273,13 +274,19 @@ class JobManager(Generic[J]):
 
     @staticmethod
     def _learn_begin_latency(rec: ProcessRun) -> None:
-        """A begin that reached ``rec`` late: how long it took at least is kept on its connection, and
-        the next job's lead covers it (arming.py)."""
-        if rec.lead_s is None or rec.conn is None or rec.first_step is None:
+        """How long a begin took to reach ``rec``, kept on its connection for the next job's lead
+        (arming.py): one that came late raises it to at least what it took; one on time lets a past
+        slow spell fade (``arming.on_time``)."""
+        conn = rec.conn
+        if rec.lead_s is None or conn is None or rec.first_step is None or rec.start_step is None:
             return
-        took = arming.begin_took(rec.lead_s, rec.first_step - rec.start_step, rec.conn.step_rate)
+        late = rec.first_step - rec.start_step
+        if late <= 0:
+            conn.begin_took_s = arming.on_time(conn.begin_took_s)
+            return
+        took = arming.begin_took(rec.lead_s, late, conn.step_rate or rec.step_rate)
         if took is not None:
-            rec.conn.begin_took_s = max(rec.conn.begin_took_s, took)
+            conn.begin_took_s = max(conn.begin_took_s, took)
 
     async def on_probe_lost(self, conn: ProbeConnection) -> None:
         job = self._active

@@ -192,6 +192,9 @@ async def test_a_late_start_lengthens_the_next_lead_to_that_process(world, fake_
     await until(lambda: second.start_step is not None)
     assert second.processes[0].lead_s == pytest.approx(1.5 * (lead_s + 0.5))
     assert second.start_step - 100 >= lead_steps(20.0, 1.5 * (lead_s + 0.5))
+    # This one on time: the slow spell fades, it is not forgotten at once.
+    await world.capture_report(w0, second.id, "capturing", first_step=second.start_step)
+    assert w0.begin_took_s == pytest.approx(0.8 * (lead_s + 0.5))
 
 
 async def test_reports_out_of_order_or_of_the_other_kind_are_dropped_whole(world, fake_merge):
