@@ -78,6 +78,16 @@ def begin_took(lead_s: float, late_steps: int, rate: float | None) -> float | No
     return lead_s + late_steps / rate
 
 
+def learned(begin_took_s: float, lead_s: float, late_steps: int, rate: float | None) -> float:
+    """What is kept of how long a begin takes to reach a process, after one sent ``lead_s`` ahead
+    reached it ``late_steps`` working steps after its start step (0: on time), at its step ``rate``:
+    raised to at least what a late one took, faded by one on time."""
+    if late_steps <= 0:
+        return on_time(begin_took_s)
+    took = begin_took(lead_s, late_steps, rate)
+    return begin_took_s if took is None else max(begin_took_s, took)
+
+
 def on_time(begin_took_s: float) -> float:
     """What is kept of how long a begin took once another reached the process on time."""
     return begin_took_s * ON_TIME_DECAY

@@ -275,18 +275,12 @@ class JobManager(Generic[J]):
     @staticmethod
     def _learn_begin_latency(rec: ProcessRun) -> None:
         """How long a begin took to reach ``rec``, kept on its connection for the next job's lead
-        (arming.py): one that came late raises it to at least what it took; one on time lets a past
-        slow spell fade (``arming.on_time``)."""
+        (``arming.learned``: one that came late raises it, one on time lets a past slow spell fade)."""
         conn = rec.conn
         if rec.lead_s is None or conn is None or rec.first_step is None or rec.start_step is None:
             return
-        late = rec.first_step - rec.start_step
-        if late <= 0:
-            conn.begin_took_s = arming.on_time(conn.begin_took_s)
-            return
-        took = arming.begin_took(rec.lead_s, late, conn.step_rate or rec.step_rate)
-        if took is not None:
-            conn.begin_took_s = max(conn.begin_took_s, took)
+        conn.begin_took_s = arming.learned(conn.begin_took_s, rec.lead_s, rec.first_step - rec.start_step,
+                                           conn.step_rate or rec.step_rate)
 
     async def on_probe_lost(self, conn: ProbeConnection) -> None:
         job = self._active
