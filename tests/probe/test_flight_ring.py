@@ -1,6 +1,7 @@
 """The flight recorder's rings (sidecar/flight_ring.py): what they keep, in which order, what a dump
-taken while another thread writes may contain, what a step costs the garbage collector, and the
-environment variable that sizes the step ring."""
+taken while another thread writes may contain, what a step costs the garbage collector, the
+environment variable that sizes the step ring, and what the link thread reads of the step ring
+between dumps (the slowest step since a heartbeat, the step rate at "arm")."""
 
 from __future__ import annotations
 
