@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import time
 import urllib.parse
@@ -166,15 +165,17 @@ def check_request_span_trees(spans: list[Span], *, n: int, model: str, operation
     assert len(by_id) == n, "request ids are not unique"
     # The server's TTFT runs from receiving the request to sending the first chunk, inside the
     # client's: it may never be longer (2 ms for clock reads). How close it comes is judged on the
-    # median, so that one scheduling hiccup of the client's process on a busy host does not decide.
+    # closest request: what the server misses is in every request's difference, while a busy host
+    # only ever adds to the client's side (a fresh-clone CI run read 131, 34 and 5 ms: the median of
+    # three was one hiccup away from failing).
     diffs = []
     for request_id, ttft in (client_ttft_s or {}).items():
         server = by_id[request_id].attributes["gen_ai.response.time_to_first_chunk"]
         assert server <= ttft + 0.002, f"{request_id}: server TTFT {server:.4f}s exceeds the client's {ttft:.4f}s"
         diffs.append(ttft - server)
     if diffs:
-        median = statistics.median(diffs)
-        assert median <= tolerance_s, f"client TTFT exceeds the server's by {median:.4f}s (median), over {tolerance_s:.4f}s"
+        closest = min(diffs)
+        assert closest <= tolerance_s, f"client TTFT exceeds the server's by {closest:.4f}s (closest request), over {tolerance_s:.4f}s"
     for request_id, (trace_id, span_id) in (callers or {}).items():
         root = by_id[request_id]
         assert root.trace_id == trace_id and root.parent_id == span_id, f"{request_id} is not the caller's child"
