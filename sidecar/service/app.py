@@ -1,7 +1,7 @@
 """The sidecar's HTTP API (aiohttp). Endpoints are documented in docs/api.md; keep them stable.
 
-This module assembles the service: settings and shared state (keys.py), authentication and JSON
-errors, the routes of captures (capture_routes.py) and of their diff (diff_routes.py), sync scans (scan_routes.py), the incident views
+This module assembles the service: settings and shared state (keys.py), the refusal of what a web page
+in the user's browser sends (browser_guard.py), authentication and JSON errors, the routes of captures (capture_routes.py) and of their diff (diff_routes.py), sync scans (scan_routes.py), the incident views
 (incident_routes.py: recorder, stacks, requests), processes and health (here), the probe channel (probe_channel.py), the metrics receiver and the pages
 a person opens in a browser (page_routes.py).
 """
@@ -16,6 +16,7 @@ from aiohttp import web
 from .. import __version__, auth
 from ..protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
 from . import merge
+from .browser_guard import browser_guard
 from .capture_routes import add_capture_routes, capture_json
 from .diff_routes import add_diff_routes
 from .engine_state_metrics import EngineStateCollector
@@ -94,7 +95,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_app(settings: ServiceSettings) -> web.Application:
-    app = web.Application(middlewares=[errors_and_auth])
+    # The browser guard first: a cross-site or rebinding request is refused before the token is looked at.
+    app = web.Application(middlewares=[browser_guard, errors_and_auth])
     settings.trace_dir.mkdir(parents=True, exist_ok=True)
     # One Prometheus target for every engine process: probes push OTLP metrics, /metrics serves them.
     add_metrics_routes(app, push_token=settings.probe_token)

@@ -27,7 +27,7 @@ from .params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFA
 from .params import MAX_MODULE_STEPS, MODULES_KNOWN
 from ..protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
 from . import trigger_rules as tr
-from .request_body import FORM, JSON, MULTIPART
+from .request_body import JSON
 
 __all__ = ["OPENAPI_PATH", "OPERATIONS", "build_document", "id_pattern", "openapi_json"]
 
@@ -95,7 +95,8 @@ def _query_parameters(names: set[str], max_steps: int) -> list[dict[str, Any]]:
 
 
 def _body(names: set[str], max_steps: int) -> dict[str, Any]:
-    """A start's body: the same parameters as a form, multipart form or JSON object (lists: comma-separated)."""
+    """A start's body: the same parameters as a JSON object (lists: comma-separated). Forms are refused
+    (browser_guard.py): a page on another site can make a browser send one."""
     table = _start_parameters(max_steps)
     props = {}
     for name in sorted(names):
@@ -105,7 +106,7 @@ def _body(names: set[str], max_steps: int) -> dict[str, Any]:
         props[name] = schema
     schema = {"type": "object", "properties": props, "required": ["steps"], "additionalProperties": False}
     return {"required": False, "description": "overrides the query string's parameters (docs/api.md, Request bodies)",
-            "content": {FORM: {"schema": schema}, MULTIPART: {"schema": schema}, JSON: {"schema": schema}}}
+            "content": {JSON: {"schema": schema}}}
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -307,6 +308,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 _COMMON = {"401": _error("unauthorized: a token is set and the request has no valid bearer token"),
+           "403": _error("cross_site_request: a browser sent it for a page of another site, or a form body"),
+           "421": _error("host_not_allowed: a Host that is no loopback name, IP address or --allowed-host"),
            "405": _error("method_not_allowed (the Allow header lists the right ones)"),
            "500": _error("internal_server_error: a fault of the sidecar's")}
 

@@ -1,38 +1,29 @@
-"""The parameters in a start request's body: a form or a JSON object, else a ``ParamError`` on ``body``.
+"""The parameters in a start request's body: a JSON object, else a ``ParamError`` on ``body``.
 
 However a body is wrong, it is the client's error and gets a 400 naming it (docs/api.md), never a 500:
 bytes that are not text in the declared charset (UTF-8 when none is given), a charset Python has no
-text codec for, JSON nested deeper than the parser goes, a multipart body that does not parse, a
-``Content-Encoding`` the body does not have. Another media type is refused (415), not ignored.
+text codec for, JSON nested deeper than the parser goes, a ``Content-Encoding`` the body does not have.
+Another media type is refused (415), not ignored. A form, multipart or text/plain body never gets here:
+it is what a page on another site can make a browser send, and browser_guard.py refuses it (403).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import parse_qsl
 
 from aiohttp import web
 
 from .params import ParamError
 
 JSON = "application/json"
-FORM = "application/x-www-form-urlencoded"
-MULTIPART = "multipart/form-data"
-MAX_FIELDS = 100  # a start request has a dozen parameters; more is a mistake or an attack on parse_qsl
 
 
 async def body_params(request: web.Request) -> dict[str, str]:
-    content_type = request.content_type
-    if content_type == MULTIPART:
-        return await _multipart(request)
-    if content_type not in (JSON, FORM):
+    if request.content_type != JSON:
         raise web.HTTPUnsupportedMediaType(
-            text=f"send parameters in the query string, as a form ({FORM} or {MULTIPART}) or as a JSON object "
-                 f"({JSON}), not {content_type}")
-    charset = request.charset or "utf-8"
-    text = _decode(await _read(request), charset)
-    return _json_params(text) if content_type == JSON else _form_params(text, charset)
+            text=f"send parameters in the query string or as a JSON object ({JSON}), not {request.content_type}")
+    return _json_params(_decode(await _read(request), request.charset or "utf-8"))
 
 
 async def _read(request: web.Request) -> bytes:
@@ -72,29 +63,3 @@ def _scalar(name: str, value: Any) -> str:
         return str(value)
     kind = "null" if value is None else "an array" if isinstance(value, list) else "an object"
     raise ParamError(name, f"must be a string, number or boolean, got {kind}")
-
-
-def _form_params(text: str, charset: str) -> dict[str, str]:
-    try:
-        pairs = parse_qsl(text.rstrip(), keep_blank_values=True, encoding=charset, errors="strict",
-                          max_num_fields=MAX_FIELDS)
-    except ValueError as exc:  # a percent-escape that is no text in the charset; too many fields
-        raise ParamError("body", f"is not a valid form in {charset.upper()}: {exc}") from None
-    return dict(pairs)
-
-
-async def _multipart(request: web.Request) -> dict[str, str]:
-    try:
-        form = await request.post()
-    except web.HTTPException:
-        raise  # over the size limit: its own status
-    except Exception as exc:
-        # aiohttp's multipart reader raises ValueError, RuntimeError, TypeError, LookupError or a payload
-        # error on a malformed body, whichever its parser reached first: every one is the client's.
-        raise ParamError("body", f"is not valid {MULTIPART}: {exc}") from None
-    params = {}
-    for name, value in form.items():
-        if not isinstance(value, str):  # a file part, or a part of a non-text type (bytes)
-            raise ParamError(name, "must be a plain text field, not a file or binary part")
-        params[name] = value
-    return params

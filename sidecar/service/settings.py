@@ -22,3 +22,6 @@ class ServiceSettings:
     min_free_bytes: int = MIN_FREE_BYTES  # a capture is refused (507) below this much free space
     stop_grace_s: float = STOP_GRACE_S  # how long stopped processes get to report before they count as lost
     triggers: tuple[Any, ...] = ()  # TriggerRule: installed at start (sidecar serve --triggers FILE)
+    # Host names a browser may use to reach the sidecar besides loopback names and IP addresses
+    # (sidecar serve --allowed-host; browser_guard.py): anything else is a DNS-rebinding page's.
+    allowed_hosts: tuple[str, ...] = ()

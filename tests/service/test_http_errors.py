@@ -10,7 +10,7 @@ import logging
 import re
 
 import pytest
-from aiohttp import FormData, web
+from aiohttp import web
 
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.service.serving import JsonErrorsRunner
@@ -65,15 +65,7 @@ async def json_error(resp, status):
     (b"[" * 100_000 + b"]" * 100_000, JSON, "deep"),
     (b'{"steps": 1}', {"Content-Type": "application/json; charset=no-such-charset"}, "no-such-charset"),
     (b'{"steps": 1}', {"Content-Type": "application/json; charset=rot13"}, "rot13"),  # not a bytes codec
-    (b"steps=1", {"Content-Type": "application/x-www-form-urlencoded; charset=no-such-charset"}, "no-such-charset"),
-    (b"steps=\xff", FORM, "UTF-8"),
-    (b"steps=%ff", FORM, "UTF-8"),  # a percent-escape that is no UTF-8 either
-    (b"steps=1", {**FORM, "Content-Encoding": "gzip"}, "gzip"),
     (b'{"steps": 1}', {**JSON, "Content-Encoding": "gzip"}, "gzip"),
-    (b"garbage", {"Content-Type": "multipart/form-data; boundary=xyz"}, "multipart"),
-    (b"garbage", {"Content-Type": "multipart/form-data"}, "multipart"),
-    (b'--xyz\r\nContent-Disposition: form-data; name="steps"\r\n\r\n5',  # no closing boundary
-     {"Content-Type": "multipart/form-data; boundary=xyz"}, "multipart"),
     (b"1" * 5000, JSON, "JSON"),  # an integer over int()'s digit limit: a ValueError, not a JSONDecodeError
     (b"[1]", JSON, "object"),
 ])
@@ -90,51 +82,42 @@ async def test_a_json_value_that_is_no_scalar_names_its_parameter(client, value)
     assert body["param"] == "steps" and "string, number or boolean" in body["message"], body
 
 
-async def test_a_file_in_a_multipart_form_names_its_field(client):
-    form = FormData()
-    form.add_field("steps", b"5", filename="steps.txt", content_type="text/plain")
-    body = await json_error(await client.post("/profile/start", data=form), 400)
-    assert body["param"] == "steps" and "file" in body["message"], body
-
-
-async def test_a_binary_part_in_a_multipart_form_names_its_field(client):
-    data = (b'--xyz\r\nContent-Disposition: form-data; name="steps"\r\nContent-Type: application/octet-stream\r\n\r\n'
-            b"5\r\n--xyz--\r\n")
-    resp = await client.post("/profile/start", data=data, headers={"Content-Type": "multipart/form-data; boundary=xyz"})
-    body = await json_error(resp, 400)
-    assert body["param"] == "steps" and "binary" in body["message"], body
+@pytest.mark.parametrize("data, headers", [
+    (b"steps=1", FORM),
+    (b"steps=1", {"Content-Type": "application/x-www-form-urlencoded; charset=latin-1"}),
+    (b"", FORM),  # a form with no fields: the parameters in the action URL's query string
+    (b'--xyz\r\nContent-Disposition: form-data; name="steps"\r\n\r\n5\r\n--xyz--\r\n',
+     {"Content-Type": "multipart/form-data; boundary=xyz"}),
+    (b'{"steps": 1}', {"Content-Type": "text/plain"}),  # a no-cors fetch's body: JSON in a simple type
+])
+async def test_a_body_any_web_page_could_send_is_refused_before_it_is_read(client, data, headers):
+    # A form, multipart or text/plain body is what a page on another site can make the browser send with
+    # no CORS preflight (browser_guard.py): refused whatever it holds, the query string and JSON still work.
+    body = await json_error(await client.post("/profile/start?steps=1", data=data, headers=headers), 403)
+    assert body["error"] == "cross_site_request" and "application/json" in body["message"], body
 
 
 async def test_a_body_of_another_media_type_is_refused_not_ignored(client):
-    resp = await client.post("/profile/start", data=b"steps=1", headers={"Content-Type": "text/plain"})
+    resp = await client.post("/profile/start", data=b"steps=1", headers={"Content-Type": "application/xml"})
     body = await json_error(resp, 415)
     assert body["error"] == "unsupported_media_type" and "application/json" in body["message"], body
 
 
 async def test_a_body_over_the_size_limit_is_a_json_413(client):
-    resp = await client.post("/profile/start", data=b"steps=1&x=" + b"a" * (2 << 20), headers=FORM)
+    resp = await client.post("/profile/start", data=b'{"steps": 1, "x": "' + b"a" * (2 << 20) + b'"}', headers=JSON)
     assert (await json_error(resp, 413))["error"] == "too_large"
 
 
 @pytest.mark.parametrize("data, headers", [
-    (b"steps=1", FORM),
-    (b"steps=1\n", FORM),
-    (gzip.compress(b"steps=1"), {**FORM, "Content-Encoding": "gzip"}),
-    (b"steps=1&processes=worker", {"Content-Type": "application/x-www-form-urlencoded; charset=latin-1"}),
     (b'{"steps": 1, "record_shapes": true, "timeout_s": 2.5}', JSON),
+    (b'{"steps": 1}\n', JSON),
+    (gzip.compress(b'{"steps": 1}'), {**JSON, "Content-Encoding": "gzip"}),
     (json.dumps({"steps": "1"}).encode("utf-16"), {"Content-Type": "application/json; charset=utf-16"}),
+    (b'{"steps": 1, "processes": "worker"}', {"Content-Type": "application/json; charset=latin-1"}),
 ])
 async def test_good_bodies_are_read(client, data, headers):
     # No engine is connected: a request whose parameters were all read and valid gets this far.
     body = await json_error(await client.post("/profile/start", data=data, headers=headers), 503)
-    assert body["error"] == "no_engine_processes"
-
-
-async def test_a_good_multipart_form_is_read(client):
-    form = FormData()
-    form.add_field("steps", "1", content_type="text/plain")  # a part's own type makes the form multipart
-    form.add_field("with_stack", "true")
-    body = await json_error(await client.post("/profile/start", data=form), 503)
     assert body["error"] == "no_engine_processes"
 
 
@@ -263,12 +246,12 @@ async def exchange(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 @pytest.mark.parametrize("raw", [
-    b"FOO /profile/start HTTP/1.1\r\nHost: x\r\n\r\n",  # a method the parser does not know
-    b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",  # a request line over 8190 bytes
-    b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"b" * 9000 + b"\r\n\r\n",  # a header over 8190 bytes
-    b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",  # a space in a header name
+    b"FOO /profile/start HTTP/1.1\r\nHost: localhost\r\n\r\n",  # a method the parser does not know
+    b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n",  # a request line over 8190 bytes
+    b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Long: " + b"b" * 9000 + b"\r\n\r\n",  # a header over 8190 bytes
+    b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nBad Header: 1\r\n\r\n",  # a space in a header name
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40,  # TLS to a plain HTTP port
-    b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n",
+    b"GET /healthz HTTP/9.9\r\nHost: localhost\r\n\r\n",
 ])
 async def test_what_the_http_parser_refuses_is_a_json_400(port, raw):
     status, headers, body = await exchange(port, raw)
@@ -280,7 +263,7 @@ async def test_what_the_http_parser_refuses_is_a_json_400(port, raw):
 
 async def test_a_body_that_is_not_deflate_as_it_claims_is_a_json_400(port):
     # aiohttp's parser finds this one at the body's end, so its own error path answers, not the view.
-    raw = (b"POST /profile/start HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    raw = (b"POST /profile/start HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
            b"Content-Encoding: deflate\r\nContent-Length: 12\r\n\r\n{\"steps\": 1}")
     status, headers, body = await exchange(port, raw)
     assert status == 400 and headers["content-type"].startswith("application/json"), (headers, body)
@@ -288,7 +271,7 @@ async def test_a_body_that_is_not_deflate_as_it_claims_is_a_json_400(port):
 
 
 async def test_a_chunked_body_that_breaks_off_is_a_json_400(port):
-    raw = (b"POST /profile/start HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+    raw = (b"POST /profile/start HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n"
            b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")
     status, headers, body = await exchange(port, raw)
     assert status == 400 and headers["content-type"].startswith("application/json"), (headers, body)
@@ -296,9 +279,9 @@ async def test_a_chunked_body_that_breaks_off_is_a_json_400(port):
 
 
 async def test_good_requests_still_pass_the_runner(port):
-    status, headers, body = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    status, headers, body = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
     assert status == 200 and json.loads(body)["status"] == "ok"
-    raw = (b"POST /profile/start HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+    raw = (b"POST /profile/start HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n"
            b"Content-Length: 1\r\n\r\n\xff")
     status, headers, body = await exchange(port, raw)
     assert status == 400 and json.loads(body)["param"] == "body"
