@@ -9,14 +9,24 @@ A recorder dump can be larger than a channel frame, so it is written as JSON to
 ``<trace root>/recorder/<stem>-q<id>.json`` (trace_root.py) and the answer names that file; the
 sidecar reads it and deletes it. One the sidecar never took (it timed out, or restarted) is deleted
 by the process's next dump. Stacks and requests travel inline.
+
+One stacks or recorder query at a time: while a sampling or a dump runs, any other stacks query (a
+snapshot too) or recorder query is answered at once with a ``busy:`` error (``busy_error``) and nothing
+is started, so the engine never holds two samplers, whatever the sidecar sends (one that ignores its
+own slot, service/query_slots.py, or a relay that injects frames). The slot is taken on the link
+thread, where every query arrives, and freed by the query's thread before its answer is sent: the
+sidecar may ask again the moment it has the answer. ``requests`` (a few ms, inline) is never refused.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..protocol import Answer, Query
@@ -27,6 +37,25 @@ log = logging.getLogger(__name__)
 
 # An inline answer's data is held under this many bytes of JSON: the sidecar's frame limit is 1 MiB.
 MAX_INLINE_BYTES = 900_000
+
+
+def busy_error(what: str, left_s: float) -> str:
+    """The answer to a stacks or recorder query while ``what`` runs, expected to end in ``left_s``. The
+    sidecar reads the "busy: " and the seconds left for its 429's Retry-After (service/query_slots.py)."""
+    return (f"busy: {what} is already running in this process ({max(1, math.ceil(left_s))} s left); "
+            f"one stacks or recorder query at a time")
+
+
+@dataclass(frozen=True)
+class _Running:
+    """The stacks sampling or recorder dump a probe is running: named in the refusals it causes."""
+
+    what: str
+    expected_s: float = 0.0  # how long it should take from its start (a sampling's seconds)
+    started: float = field(default_factory=time.monotonic)
+
+    def refusal(self) -> str:
+        return busy_error(self.what, self.started + self.expected_s - time.monotonic())
 
 
 class QueryAnswerer:
@@ -41,37 +70,42 @@ class QueryAnswerer:
         self._recorder_file = recorder_file
         self._step_thread_id = step_thread_id
         self._in_flight = in_flight
+        self._running: _Running | None = None  # the one stacks sampling or recorder dump running now
+        self._running_lock = threading.Lock()  # taken on the link thread, freed on the query's own
 
     def answer(self, query: Query) -> None:
         """Called on the link thread for each query."""
         try:
             match query.kind:
                 case "requests":
-                    self._reply(query, data=self._requests())
-                case "stacks" if query.seconds <= 0:
+                    self._send(self._inline(query, self._requests()))
+                case "stacks" | "recorder" if (running := self._running) is not None:
+                    log.debug("inference-sidecar: %s query refused: %s runs", query.kind, running.what)
+                    self._send(Answer(query_id=query.query_id, kind=query.kind, error=running.refusal()))
+                case "stacks" if query.seconds <= 0:  # on this thread: nothing else can start meanwhile
                     snap = thread_stacks.snapshot(self._step_thread_id(), skip_thread_ids=(threading.get_ident(),))
-                    self._reply(query, data=snap)
+                    self._send(self._inline(query, snap))
                 case "stacks":
-                    self._in_thread(query, self._sample)
+                    self._in_thread(query, self._sample, _Running(f"a stacks sampling of {query.seconds:g} s",
+                                                                  query.seconds))
                 case "recorder":
-                    self._in_thread(query, self._dump_recorder)
+                    self._in_thread(query, self._dump_recorder, _Running(f"a recorder dump of {query.seconds:g} s"))
         except Exception as exc:
-            log.warning("inference-sidecar: %s query failed: %s", query.kind, exc)
-            self._send(Answer(query_id=query.query_id, kind=query.kind, error=clip(f"{type(exc).__name__}: {exc}")))
+            self._send(_failed(query, exc))
 
     def _requests(self) -> dict[str, Any]:
         if self._in_flight is None:
             return {"known": False, "requests": []}
         return {"known": True, "requests": self._in_flight()}
 
-    def _sample(self, query: Query) -> None:
+    def _sample(self, query: Query) -> Answer:
         only = self._step_thread_id() if query.only_step_thread else None
         sampler = thread_stacks.ThreadSampler(query.seconds, query.hz, only_thread_id=only,
                                               skip_thread_ids=(threading.get_ident(),),
                                               step_thread_id=self._step_thread_id())
-        self._reply(query, data=sampler.run())
+        return self._inline(query, sampler.run())
 
-    def _dump_recorder(self, query: Query) -> None:
+    def _dump_recorder(self, query: Query) -> Answer:
         path = self._recorder_file(query.query_id)
         dump = self._recorder_dump(query.seconds)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -87,25 +121,51 @@ class QueryAnswerer:
             except OSError:
                 pass
             raise
-        self._send(Answer(query_id=query.query_id, kind=query.kind, file=path))
+        return Answer(query_id=query.query_id, kind=query.kind, file=path)
 
-    def _in_thread(self, query: Query, work: Callable[[Query], None]) -> None:
+    def _in_thread(self, query: Query, work: Callable[[Query], Answer], running: _Running) -> None:
+        """``work`` on a thread of its own, holding the probe's one slot (module docstring) until its
+        answer is ready; refused with a busy answer when the slot is held."""
+        with self._running_lock:
+            held = self._running
+            if held is None:
+                self._running = running
+        if held is not None:
+            self._send(Answer(query_id=query.query_id, kind=query.kind, error=held.refusal()))
+            return
+
         def run() -> None:
+            answer = None
             try:
-                work(query)
+                answer = work(query)
             except Exception as exc:
-                log.warning("inference-sidecar: %s query failed: %s", query.kind, exc)
-                self._send(Answer(query_id=query.query_id, kind=query.kind, error=clip(f"{type(exc).__name__}: {exc}")))
+                answer = _failed(query, exc)
+            finally:
+                self._free(running)  # before the answer: the sidecar may ask again as soon as it has it
+            self._send(answer)
 
-        threading.Thread(target=run, name=f"inference-sidecar-{query.kind}", daemon=True).start()
+        try:
+            threading.Thread(target=run, name=f"inference-sidecar-{query.kind}", daemon=True).start()
+        except BaseException:  # no thread (the process is out of them): nothing runs, the slot is free
+            self._free(running)
+            raise
 
-    def _reply(self, query: Query, data: dict[str, Any]) -> None:
+    def _free(self, running: _Running) -> None:
+        with self._running_lock:
+            if self._running is running:
+                self._running = None
+
+    def _inline(self, query: Query, data: dict[str, Any]) -> Answer:
         size = len(json.dumps(data, separators=(",", ":")))
         if size > MAX_INLINE_BYTES:
-            self._send(Answer(query_id=query.query_id, kind=query.kind,
-                              error=f"the answer is {size} bytes, over the channel's {MAX_INLINE_BYTES}"))
-            return
-        self._send(Answer(query_id=query.query_id, kind=query.kind, data=data))
+            return Answer(query_id=query.query_id, kind=query.kind,
+                          error=f"the answer is {size} bytes, over the channel's {MAX_INLINE_BYTES}")
+        return Answer(query_id=query.query_id, kind=query.kind, data=data)
+
+
+def _failed(query: Query, exc: Exception) -> Answer:
+    log.warning("inference-sidecar: %s query failed: %s", query.kind, exc)
+    return Answer(query_id=query.query_id, kind=query.kind, error=clip(f"{type(exc).__name__}: {exc}"))
 
 
 def _remove_older_dumps(path: str) -> None:

@@ -5,6 +5,11 @@ Each asks every selected engine process at once over the probe channel (queries.
 answers; a process that does not answer in time is listed with the reason, and the others are still
 shown, so a stuck process never makes these hang. The probes answer from their own threads, which is
 what lets ``/stacks`` show a step thread blocked inside a forward that never returns.
+
+``/stacks`` (either mode) and ``/recorder`` each hold the slot of every process they ask
+(query_slots.py): while one is in flight to a process, another that selects it is a 429 with
+``Retry-After``, and the engine never runs two samplers. A probe's own refusal (it still runs an
+earlier query, one this sidecar stopped waiting for) is a 429 too when no process answered otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .keys import QUERIES, REGISTRY
 from .native_stacks import native_stacks
 from .params import ParamError, RecorderRequest, StacksRequest, parse_recorder_request, parse_stacks_request
 from .queries import Reply
+from .query_slots import BUSY_ERROR, ProbesBusy, Work, probe_busy_retry_s
 from .recorder_dump import gather_recording
 from .responses import json_error
 
@@ -52,6 +58,22 @@ def _no_processes() -> web.HTTPException:
     return web.HTTPServiceUnavailable(text=body, content_type="application/json")
 
 
+def _busy(exc: ProbesBusy) -> web.Response:
+    return json_error(429, BUSY_ERROR, str(exc), headers={"Retry-After": str(exc.retry_after_s)},
+                      retry_after_s=exc.retry_after_s, processes=exc.processes)
+
+
+def _refused_by_probes(failed: list[tuple[str, str | None]]) -> web.Response | None:
+    """A 429 when every process (label, error) refused as busy (sidecar/probe/queries.py); else None."""
+    retry = [probe_busy_retry_s(error) for _, error in failed]
+    if not failed or None in retry:
+        return None
+    return json_error(429, BUSY_ERROR, "the processes still run an earlier query: " +
+                      "; ".join(f"{label}: {error}" for label, error in failed),
+                      headers={"Retry-After": str(max(retry))}, retry_after_s=max(retry),
+                      processes=[{"process": label, "error": error} for label, error in failed])
+
+
 def _answers(replies: list[Reply], data) -> list[tuple[dict, dict | None, str | None]]:
     return [(r.conn.to_json(), data(r) if r.answer is not None and r.error is None else None, r.error) for r in replies]
 
@@ -60,7 +82,13 @@ def _answers(replies: list[Reply], data) -> list[tuple[dict, dict | None, str | 
 async def recorder(request: web.Request) -> web.StreamResponse:
     req: RecorderRequest = parse_recorder_request(request.query, request.app[REGISTRY].roles())
     conns = _selected(request, req)
-    answers, since_ns, until_ns = await gather_recording(request.app[QUERIES], conns, req.seconds)
+    try:
+        answers, since_ns, until_ns = await gather_recording(request.app[QUERIES], conns, req.seconds, slot_wait_s=0)
+    except ProbesBusy as exc:
+        return _busy(exc)
+    refused = _refused_by_probes([(process["label"], error) for process, _, error in answers])
+    if refused is not None:
+        return refused
     loop = asyncio.get_running_loop()
     # Merging, converting and encoding a long recording takes seconds (nine full rings: about 10 s):
     # off the event loop, which serves the probes' heartbeats and the other requests meanwhile.
@@ -86,10 +114,18 @@ async def stacks(request: web.Request) -> web.StreamResponse:
     if req.mode == "native":
         return await _native(request, req, conns)
     query = {"kind": "stacks", "seconds": req.seconds, "hz": req.hz, "only_step_thread": req.threads == "step"}
-    replies = await request.app[QUERIES].ask(conns, query, req.seconds + SNAPSHOT_TIMEOUT_S)
+    work = Work(f"a stacks sampling of {req.seconds:g} s", req.seconds) if req.seconds else Work("a stacks snapshot")
+    try:
+        with request.app[QUERIES].slots.hold(conns, work):
+            replies = await request.app[QUERIES].ask(conns, query, req.seconds + SNAPSHOT_TIMEOUT_S)
+    except ProbesBusy as exc:
+        return _busy(exc)
     answers = _answers(replies, lambda r: r.answer.data)
     failed = [{"process": p["label"], "error": e} for p, d, e in answers if d is None]
     if len(failed) == len(answers):
+        refused = _refused_by_probes([(f["process"], f["error"]) for f in failed])
+        if refused is not None:
+            return refused
         return json_error(502, "no_stacks", "no engine process gave its stacks: " +
                           "; ".join(f"{f['process']}: {f['error']}" for f in failed), processes=failed)
     if req.seconds > 0:
@@ -110,7 +146,11 @@ async def _native(request: web.Request, req: StacksRequest, conns: list) -> web.
     if req.seconds > 0 or req.format == "speedscope":
         return json_error(400, "bad_parameter", "mode=native takes one snapshot: no seconds, format json or text",
                           param="mode")
-    result = await native_stacks([c.to_json() for c in conns])
+    try:  # py-spy stops each process while it reads it: one at a time, like the probes' own queries
+        with request.app[QUERIES].slots.hold(conns, Work("a native stacks dump (py-spy)")):
+            result = await native_stacks([c.to_json() for c in conns])
+    except ProbesBusy as exc:
+        return _busy(exc)
     if result.unavailable:
         return json_error(501, "native_stacks_unavailable", result.unavailable)
     if req.format == "text":

@@ -150,6 +150,8 @@ def _processes_query() -> dict[str, Any]:
 
 
 _INCIDENT_ERRORS = {"400": _error("bad_parameter naming the parameter (param)"), "503": _error("no_engine_processes")}
+# /stacks and /recorder: one at a time per engine process (query_slots.py).
+_ONE_AT_A_TIME = {"429": _error("query_in_progress: a selected process runs a stacks or recorder query (Retry-After)")}
 
 TRIGGER_ID_PATTERN = "^trg-[0-9a-f]{8}$"
 _TRIGGER_RULE = {
@@ -241,7 +243,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                                      "default": DEFAULT_RECORDER_SECONDS}, "how far back"),
                   _query("format", {"type": "string", "enum": list(RECORDER_FORMATS), "default": "json"},
                          "json rows, or a Chrome/Perfetto trace"), _processes_query()],
-        "responses": {"200": _ok("the recording (docs/api.md, Flight recorder)"), **_INCIDENT_ERRORS}},
+        "responses": {"200": _ok("the recording (docs/api.md, Flight recorder)"), **_INCIDENT_ERRORS,
+                      **_ONE_AT_A_TIME}},
     ("GET", "/stacks"): {
         "summary": "every thread's Python stack in every engine process, or a short sampling of them",
         "query": [_query("seconds", {"type": "number", "minimum": 0, "maximum": MAX_SAMPLE_SECONDS, "default": 0},
@@ -254,7 +257,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                          "native: through py-spy, where installed and allowed"),
                   _query("threads", {"type": "string", "enum": list(STACKS_THREADS), "default": "all"},
                          "sample every thread or the step thread alone"), _processes_query()],
-        "responses": {"200": _ok("the stacks (docs/api.md, Stacks)"), **_INCIDENT_ERRORS,
+        "responses": {"200": _ok("the stacks (docs/api.md, Stacks)"), **_INCIDENT_ERRORS, **_ONE_AT_A_TIME,
                       "501": _error("native_stacks_unavailable: py-spy missing or not allowed")}},
     ("GET", "/requests"): {
         "summary": "every request in flight across the engine: age, phase, tokens so far",

@@ -5,6 +5,9 @@ for their ``Answer`` frames (probe_channel.py hands each to ``on_answer``). A pr
 answer in time, that leaves, or that cannot be sent to is reported with the reason, never waited
 for past the deadline: a stuck engine process must not make ``/stacks`` hang. Ids are the broker's
 own counter, so an answer to an older, timed-out query is recognised and dropped.
+
+The broker also owns each probe's one slot for costly queries (``slots``, query_slots.py): the
+callers of a stacks or recorder query take it around ``ask``; the broker frees a lost probe's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..protocol import Answer, Query
+from .query_slots import QuerySlots
 
 if TYPE_CHECKING:
     from .registry import ProbeConnection
@@ -35,6 +39,7 @@ class QueryBroker:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._pending: dict[tuple[int, int], asyncio.Future] = {}  # (query id, connection id) -> answer
+        self.slots = QuerySlots()  # one stacks or recorder query in flight per probe
 
     async def ask(self, conns: list["ProbeConnection"], query_fields: dict, timeout_s: float) -> list[Reply]:
         """``query_fields``: the ``Query``'s fields but its id. One reply per connection, in order."""
@@ -74,6 +79,7 @@ class QueryBroker:
         future.set_result(answer)
 
     def on_probe_lost(self, conn: "ProbeConnection") -> None:
+        self.slots.free(conn)
         for (_, conn_id), future in list(self._pending.items()):
             if conn_id == conn.id and not future.done():
                 future.set_result(None)
