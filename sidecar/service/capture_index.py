@@ -6,6 +6,12 @@ for retention. A folder without a readable, final ``capture.json`` is a capture 
 killed in (or a disk that filled while it was saved): it is ``failed`` with ``INTERRUPTED``, its
 leftovers (the raw folder with its traces and stack samples, partial gzip, temporary files) are
 deleted and its capture.json rewritten.
+
+A restored capture.json is not trusted (docs/security.md, "The trace dir"): a folder under a capture's
+name that is a symbolic link is ignored, and a file it names is kept only if it is a name the sidecar
+writes and, where it exists, a regular file of the folder (safe_files.py). A bad one is dropped with
+a warning in the log and a note in the capture: the rest of the capture is still listed, served and
+counted for retention (hiding it would leave its folder on disk for ever, outside ``--keep``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..protocol import DEFAULT_STACK_HZ, P_DONE, P_FAILED
-from . import disk_space
+from . import disk_space, safe_files
 from .captures import Capture, CaptureProcess
 from .job_states import FAILED, FINAL, P_LOST, P_TERMINAL
 from .jobs import CAPTURE
@@ -37,7 +43,7 @@ def restore_captures(trace_dir: Path, render: Callable[[Capture], dict[str, Any]
     """Every capture on disk under ``trace_dir``, oldest first; interrupted ones marked and cleaned."""
     root = trace_dir / "captures"
     try:
-        folders = [f for f in root.iterdir() if f.is_dir() and CAPTURE.is_id(f.name)]
+        folders = [f for f in root.iterdir() if CAPTURE.is_id(f.name) and _own_folder(f)]
     except OSError:
         return []
     restored = []
@@ -46,7 +52,7 @@ def restore_captures(trace_dir: Path, render: Callable[[Capture], dict[str, Any]
         final = data is not None and data.get("state") in FINAL and data.get("id") == folder.name
         try:
             capture = from_json(folder, data if final else data or {}, interrupted=not final)
-        except (TypeError, ValueError, KeyError) as exc:  # a capture.json of another version, say
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a capture.json of another version, say
             log.warning("capture %s: capture.json not understood (%s): marked interrupted", folder.name, exc)
             capture, final = from_json(folder, {}, interrupted=True), False
         _clear_leftovers(folder, keep_all=final)
@@ -78,8 +84,46 @@ def from_json(folder: Path, data: dict[str, Any], *, interrupted: bool) -> Captu
         capture.trace_bytes = int(data.get("trace_bytes") or 0)
         capture.summary_file = SUMMARY_NAME if data.get("summary") else None
         capture.headline = data.get("headline")
+        _keep_own_files(capture)
     capture.done_event.set()
     return capture
+
+
+def _own_folder(entry: Path) -> bool:
+    """A folder the sidecar made: a symbolic link under a capture's name is not one (its target's
+    files would be served, an interrupted one's deleted)."""
+    if entry.is_symlink():
+        log.warning("capture %s: %s is a symbolic link, not a folder the sidecar made: ignored", entry.name, entry)
+        return False
+    return entry.is_dir()
+
+
+def _keep_own_files(capture: Capture) -> None:
+    """Drop every file the restored capture.json names that the sidecar would not serve: a process's
+    ``file`` that is not a name the export writes (a path, ``..``, any other name), and any file that
+    is on disk as something else than a regular file of the folder (a symbolic link planted there)."""
+    for i, rec in enumerate(capture.processes):
+        if rec.file is None:
+            continue
+        why = None if safe_files.is_process_file_name(rec.file) else "not a name the sidecar writes"
+        if _refused(capture, f"processes[{i}].file", rec.file, why):
+            rec.file, rec.bytes = None, 0
+    if _refused(capture, "trace", capture.trace_file):
+        capture.trace_file, capture.trace_bytes = None, 0
+    if _refused(capture, "summary", capture.summary_file):
+        capture.summary_file = None
+
+
+def _refused(capture: Capture, field: str, name: Any, why: str | None = None) -> bool:
+    """Whether ``name`` (the capture.json's ``field``) is refused: ``why``, or what it is on disk."""
+    if name is None:
+        return False
+    why = why or safe_files.not_a_plain_file(capture.dir, name)
+    if why is None:
+        return False
+    log.warning("capture %s: %s: %s %.120r is %s: not served", capture.id, capture.dir / CAPTURE_JSON, field, name, why)
+    capture.notes.append(f"capture.json's {field} is {why}: not served")
+    return True
 
 
 def _request(data: dict[str, Any], options: dict[str, Any]) -> CaptureRequest:
@@ -113,7 +157,7 @@ def _process(p: dict[str, Any], interrupted: bool) -> CaptureProcess:
                          step_thread_ms=float(p.get("step_thread_ms") or 0.0), export_ms=p.get("export_ms"),
                          clock=p.get("clock"))
     if not interrupted:  # an interrupted capture's files are partial: deleted, never offered
-        rec.file, rec.bytes = p.get("file"), int(p.get("bytes") or 0)
+        rec.file, rec.bytes = p.get("file") or None, int(p.get("bytes") or 0)
     elif rec.state == P_DONE:
         rec.state, rec.error = P_FAILED, _PROCESS_INTERRUPTED
     return rec

@@ -1,17 +1,30 @@
-"""``/profile/*`` and ``/profiles`` (docs/api.md), and the capture's JSON with its download URLs."""
+"""``/profile/*`` and ``/profiles`` (docs/api.md), and the capture's JSON with its download URLs.
+
+A capture's files are served only by names it recorded, each opened by safe_files.py (a name the
+sidecar writes, in the capture's own folder, no link followed) and streamed from that descriptor:
+anything else answers a JSON 404, a file removed 410, never a 500 nor another file (issue 27).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+import os
+from typing import Any, BinaryIO
 
 from aiohttp import web
 
+from . import safe_files
 from .captures import Capture, CaptureProcess, capture_url
 from .job_states import FINAL
 from .job_routes import ID, start_job, stop_job
 from .jobs import CAPTURE
 from .keys import CAPTURES
 from .params import parse_capture_request
+
+log = logging.getLogger(__name__)
+
+_READ_CHUNK = 1 << 18  # streamed: a merged trace can be gigabytes
 
 
 def capture_json(capture: Capture) -> dict[str, Any]:
@@ -79,37 +92,68 @@ async def profile_status(request: web.Request) -> web.Response:
     return web.json_response(capture_json(_capture_or_404(request)))
 
 
-def _file_response(capture: Capture, name: str | None, what: str) -> web.StreamResponse:
+def _open(capture: Capture, name: str | None, what: str) -> BinaryIO:
+    """The capture's file ``name``, opened safely: 409 while it runs, 404 for a name it did not
+    record or what is not its own regular file (a link, say), 410 for a file removed."""
     if capture.state not in FINAL:
         raise web.HTTPConflict(text=f"capture {capture.id} is {capture.state}; the {what} is not ready")
     # Only names the capture itself recorded are served, so no request can reach outside its folder.
     if name is None or name not in capture.files() and name != capture.summary_file:
         raise web.HTTPNotFound(text=f"capture {capture.id} has no {what}")
-    path = capture.dir / name
-    if not path.is_file():
-        raise web.HTTPGone(text=f"the {what} of capture {capture.id} was removed")
+    try:
+        return safe_files.open_capture_file(capture.dir, name)
+    except FileNotFoundError:
+        raise web.HTTPGone(text=f"the {what} of capture {capture.id} was removed") from None
+    except (safe_files.NotInFolder, OSError) as exc:
+        log.warning("capture %s: %s not served: %s", capture.id, what, exc)
+        raise web.HTTPNotFound(text=f"capture {capture.id} has no {what} that can be served") from None
+
+
+async def _stream(request: web.Request, file: BinaryIO, content_type: str,
+                  headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """Send the open ``file`` (then closed) as the answer, read off the event loop, never more than
+    the size it had when opened."""
+    with file:
+        left = os.fstat(file.fileno()).st_size
+        response = web.StreamResponse(headers=headers)
+        response.content_type = content_type
+        response.content_length = left
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        while left > 0 and request.method != "HEAD":
+            data = await loop.run_in_executor(None, file.read, min(_READ_CHUNK, left))
+            if not data:  # cut short since it was opened: the client sees the length unmet
+                break
+            left -= len(data)
+            await response.write(data)
+        await response.write_eof()
+    return response
+
+
+async def _download(request: web.Request, capture: Capture, name: str | None, what: str) -> web.StreamResponse:
+    file = _open(capture, name, what)
     headers = {"Content-Disposition": f'attachment; filename="{capture.id}-{name}"'}
-    return web.FileResponse(path, headers={**headers, "Content-Type": "application/gzip"})
+    return await _stream(request, file, "application/gzip", headers)
 
 
 async def profile_trace(request: web.Request) -> web.StreamResponse:
     capture = _capture_or_404(request)
-    return _file_response(capture, capture.trace_file, "merged trace")
+    return await _download(request, capture, capture.trace_file, "merged trace")
 
 
 async def profile_file(request: web.Request) -> web.StreamResponse:
     capture = _capture_or_404(request)
     name = request.match_info["name"]
-    return _file_response(capture, name if name in capture.files() else None, f"file {name!r}")
+    return await _download(request, capture, name if name in capture.files() else None, f"file {name!r}")
 
 
-async def profile_summary(request: web.Request) -> web.Response:
+async def profile_summary(request: web.Request) -> web.StreamResponse:
     capture = _capture_or_404(request)
     if capture.state not in FINAL:
         raise web.HTTPConflict(text=f"capture {capture.id} is {capture.state}; the summary is not ready")
     if not capture.summary_file:
         raise web.HTTPNotFound(text=f"capture {capture.id} has no summary ({capture.headline or 'no trace'})")
-    return web.Response(body=(capture.dir / capture.summary_file).read_bytes(), content_type="application/json")
+    return await _stream(request, _open(capture, capture.summary_file, "summary"), "application/json")
 
 
 async def profiles(request: web.Request) -> web.Response:

@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import safe_files
 from .captures import Capture
 from .job_states import FINAL
 from .jobs import CAPTURE
@@ -33,10 +34,13 @@ def _summary_of(request: web.Request, key: str) -> dict[str, Any]:
     if not capture.summary_file:
         raise web.HTTPConflict(text=f"capture {capture.id} is {capture.state} with no summary to compare "
                                     f"({capture.headline or 'no trace'})")
-    try:
-        return json.loads((capture.dir / capture.summary_file).read_bytes())
+    try:  # by safe_files: a link swapped in for the summary is not followed
+        with safe_files.open_capture_file(capture.dir, capture.summary_file) as file:
+            return json.loads(file.read())
     except FileNotFoundError:
         raise web.HTTPGone(text=f"the summary of capture {capture.id} was removed") from None
+    except (safe_files.NotInFolder, OSError, ValueError):
+        raise web.HTTPNotFound(text=f"capture {capture.id} has no summary that can be read") from None
 
 
 async def profile_diff(request: web.Request) -> web.Response:

@@ -7,6 +7,11 @@ One chunk in flight per file: the sidecar's own pace is the back-pressure, the p
 The bytes are checked against the size and the SHA-256 the probe gives with the last chunk. A probe
 that goes away mid-transfer fails its fetches at once (``fail_all``); one that stops answering fails
 after ``CHUNK_TIMEOUT_S``: the caller reports that process's file missing.
+
+The probe's word on the size is held to as the bytes arrive (issue 27): the first chunk's ``size``
+must be within the limit and stay the same, and a chunk that would take the bytes received past
+it (or past the limit) fails the fetch before it is kept. So nothing is written beyond the
+smaller of the declared size and the limit, memory holds one chunk, and the partial file is deleted.
 """
 
 from __future__ import annotations
@@ -60,10 +65,16 @@ async def _chunks(conn: Any, remote: str, max_bytes: int, timeout_s: float):
             raise FetchError(f"no answer within {timeout_s:g} s at byte {offset}") from None
         if chunk.error:
             raise FetchError(chunk.error)
-        if chunk.size > max_bytes:
-            raise FetchError(f"{chunk.size} bytes: over the limit of {max_bytes // 2**20} MiB")
-        size = chunk.size if size is None else size
+        if size is None and chunk.size > max_bytes:
+            raise FetchError(f"{chunk.size} bytes: over the limit of {_mib(max_bytes)}")
+        if size is not None and chunk.size != size:
+            raise FetchError(f"the declared size changed from {size} to {chunk.size} bytes at byte {offset}")
+        size = chunk.size
         data = base64.b64decode(chunk.data, validate=True)
+        if offset + len(data) > size:
+            raise FetchError(f"more bytes than the {size} declared: cut off at byte {offset}")
+        if offset + len(data) > max_bytes:  # the declared size is within it: this only guards that rule
+            raise FetchError(f"over the limit of {_mib(max_bytes)}: cut off at byte {offset}")
         digest.update(data)
         offset += len(data)
         yield data
@@ -73,6 +84,10 @@ async def _chunks(conn: Any, remote: str, max_bytes: int, timeout_s: float):
             if chunk.sha256 != digest.hexdigest():
                 raise FetchError("checksum mismatch: the file changed or was damaged on the way")
             return
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB"
 
 
 async def fetch_file(conn: Any, remote: str, target: Path, max_bytes: int,
@@ -92,6 +107,9 @@ async def fetch_file(conn: Any, remote: str, target: Path, max_bytes: int,
         if isinstance(exc, OSError):
             raise FetchError(f"cannot write {target.name}: {disk_space.describe(exc)}") from None
         raise FetchError(str(exc)) from None
+    except BaseException:  # cancelled (the sidecar stops): no partial file either
+        disk_space.unlink_quietly(target)
+        raise
     return total
 
 

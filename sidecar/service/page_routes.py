@@ -22,6 +22,7 @@ from ..report import Link, render_capture_report
 from ..report.document import message_page, policy, token_prompt
 from ..report.home import render_home
 from ..report.markup import size
+from . import safe_files
 from .capture_routes import capture_json
 from .captures import Capture, capture_url
 from .job_routes import ID
@@ -108,8 +109,10 @@ def capture_links(capture: Capture) -> list[Link]:
     return links
 
 
-def _render_report(capture: Capture, summary_path) -> str:
-    summary = json.loads(summary_path.read_bytes())
+def _render_report(capture: Capture) -> str:
+    """The report's HTML; FileNotFoundError, safe_files.NotInFolder or OSError where its summary cannot be read."""
+    with safe_files.open_capture_file(capture.dir, capture.summary_file) as file:  # no link followed
+        summary = json.loads(file.read())
     status = capture_json(capture)
     notes = [f"{capture.state}: {capture.reason}"] if capture.reason else []
     summary = {**summary, "warnings": notes + list(capture.notes) + list(summary.get("warnings", []))}
@@ -127,11 +130,12 @@ async def report(request: web.Request) -> web.Response:
         return _error(request, 409, f"capture {capture.id} is {capture.state}; its report is ready when it ends")
     if not capture.summary_file:
         return _error(request, 404, f"capture {capture.id} has no summary ({capture.headline or 'no trace'})")
-    path = capture.dir / capture.summary_file
-    if not path.is_file():
+    try:  # off the event loop: a thousand-step summary is megabytes of JSON, and heartbeats must not wait
+        return _html(await asyncio.to_thread(_render_report, capture))
+    except FileNotFoundError:
         return _error(request, 410, f"the summary of capture {capture.id} was removed")
-    # Off the event loop: a thousand-step summary is megabytes of JSON, and heartbeats must not wait.
-    return _html(await asyncio.to_thread(_render_report, capture, path))
+    except (safe_files.NotInFolder, OSError, ValueError):
+        return _error(request, 404, f"capture {capture.id} has no summary that can be read")
 
 
 def add_page_routes(app: web.Application) -> None:

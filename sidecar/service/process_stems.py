@@ -12,13 +12,25 @@ taken gets its host appended, then a number where the host does not tell them ap
 with one host name). A capture of one host keeps every name as it was. (The probes' own raw files,
 ``ProcessIdentity.probe_file_stem``, carry host and probe id, ``-p<hex>``: a fetched file, whose
 stem ends in a host or a number, never takes one's name in a shared raw folder.)
+
+``WRITTEN_STEM`` is every stem this gives, as a pattern built beside the code that makes them: a
+name read back from a restored ``capture.json`` is served only if it matches (safe_files.py), and a
+test feeds ``unique_stems`` hostile host names to keep the two in step.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
-from ..protocol import ProcessIdentity, file_name_part
+from ..protocol import HOST_CHARS, ROLE_PATTERN, ProcessIdentity, file_name_part
+
+# ``ProcessIdentity.file_stem`` (the role as ROLE_PATTERN allows it, ``-rank<k>``, ``-pid<n>``), then
+# what ``unique_stems`` appends: ``-<file_name_part(host)>`` (at most HOST_CHARS of letters, digits and
+# ``_.-``), then ``-<k>``. No ``/`` can occur: a stem is never a path.
+_ROLE = ROLE_PATTERN.removeprefix("^").removesuffix(r"\Z")
+WRITTEN_STEM = re.compile(
+    rf"{_ROLE}(?:-rank[0-9]+)?-pid[1-9][0-9]*(?:-[A-Za-z0-9_.-]{{1,{HOST_CHARS}}}(?:-[0-9]+)?)?")
 
 
 def unique_stems(processes: Sequence[tuple[ProcessIdentity, bool]]) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar
 
 from ..engine import STANDARD_ROLES
 from ..protocol import ProcessIdentity
-from . import disk_space
+from . import disk_space, safe_files
 from .job_states import FINAL
 from .jobs import Job, JobKind
 
@@ -24,10 +24,12 @@ _STEP_DRIVEN = {r.name: r.step_driven for r in STANDARD_ROLES}
 
 
 def read_saved(path: Path) -> dict[str, Any] | None:
-    """A saved job's JSON object; None when missing, empty (a full disk) or corrupt (a crash)."""
+    """A saved job's JSON object; None when missing, empty (a full disk) or corrupt (a crash), or not
+    a regular file: a symbolic link planted in its place is not followed (safe_files.py)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with safe_files.open_regular_file(path) as file:
+            data = json.loads(file.read().decode("utf-8"))
+    except (OSError, ValueError, safe_files.NotInFolder):
         return None
     return data if isinstance(data, dict) else None
 

@@ -8,7 +8,6 @@ later scans can use it as their baseline.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -23,7 +22,7 @@ from .job_states import FINAL
 from .jobs import SCAN, Job, JobKind, ProcessRun
 from .params import ParamError, ScanRequest
 from .registry import ProbeRegistry
-from .saved_jobs import SavedAsOneFile, id_time, identity_from_json
+from .saved_jobs import SavedAsOneFile, id_time, identity_from_json, read_saved
 
 
 
@@ -133,7 +132,4 @@ class ScanManager(SavedAsOneFile, JobManager[Scan]):
         scan = self._jobs.get(scan_id)
         if scan is not None and scan.state in FINAL:
             return scan.to_json()
-        try:  # a scan saved by an earlier run of the sidecar
-            return json.loads(self._path(scan_id).read_text())
-        except (OSError, ValueError):
-            return None
+        return read_saved(self._path(scan_id))  # saved by an earlier run; a planted link is not followed
