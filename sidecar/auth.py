@@ -16,11 +16,14 @@ every MAC is lowercase hex.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
 import re
 import secrets
+import stat
+import tempfile
 from pathlib import Path
 
 from . import config
@@ -58,8 +61,19 @@ def ensure_token_file(path: Path, token: str | None) -> str:
     An existing file is reused so that a restarted sidecar keeps the secret its probes already know;
     one that holds no valid token (written by hand, or by a version that took any) raises ValueError
     rather than being replaced behind the user's back or kept as a weak secret.
+
+    The folder must be one no other user can write to (``token_folder_problem``; ValueError otherwise):
+    whoever can write there can put a token of their own in place for the sidecar to adopt and the
+    probes to prove, or links where the file is written. The file is written whole through a temporary
+    of a fresh name (``mkstemp``: created, never opened through an existing name or link), then renamed
+    over ``path``; a rename replaces a link at ``path`` rather than following it.
     """
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    problem = token_folder_problem(folder)
+    if problem:
+        raise ValueError(f"the token folder {folder} {problem}; or set ${config.ENV_TOKEN_FILE} to a file "
+                         "in a folder of your own that only you can write to")
     if token is None:
         try:
             existing = path.read_text().strip()
@@ -70,12 +84,33 @@ def ensure_token_file(path: Path, token: str | None) -> str:
             raise ValueError(f"the token file {path} holds no usable token ({problem}): "
                              "delete it for a new random one, or write a longer one")
         token = existing or secrets.token_urlsafe(32)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return token
+
+
+def token_folder_problem(folder: Path) -> str | None:
+    """Why another user could tamper with a token file in ``folder`` (None: nobody but its owner can).
+
+    The folder must belong to this user or to root (root can do anything anyway) and give nobody else
+    write access: not even a sticky folder such as /tmp, where another user can create the token's
+    name before the sidecar does. Its permissions are not changed here: a folder the user made
+    shared is theirs to fix, once they know."""
+    info = folder.stat()
+    if info.st_uid not in (os.geteuid(), 0):
+        return (f"belongs to another user (uid {info.st_uid}), who could replace the token: use a folder "
+                "of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"can be written by other users (mode {stat.S_IMODE(info.st_mode):04o}), who could plant "
+                f"a token or a link there: make it private (chmod 700 {folder})")
+    return None
 
 
 def bearer_matches(header: str | None, token: str) -> bool:

@@ -6,10 +6,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import config
 from .verdicts import FINAL
+
+if TYPE_CHECKING:
+    import urllib.request
 
 
 class SidecarError(Exception):
@@ -27,11 +30,32 @@ class JobTimeout(TimeoutError):
     """A job (capture, scan) the sidecar answered for did not reach a final state in the time waited."""
 
 
+def direct_opener() -> urllib.request.OpenerDirector:
+    """A urllib opener that ignores HTTP(S)_PROXY: for a sidecar on this host, which a proxy of the
+    environment has no business seeing (it would read the token) and cannot reach anyway."""
+    import urllib.request
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def opener_for(url: str) -> urllib.request.OpenerDirector:
+    """How to reach ``url``: directly when its host is loopback (``config.is_loopback_host``), else as
+    the environment says (its proxies and NO_PROXY, read now: ``urllib.request.urlopen`` keeps those
+    of its first call for the life of the process)."""
+    import urllib.parse
+    import urllib.request
+
+    if config.is_loopback_host(urllib.parse.urlsplit(url).hostname or ""):
+        return direct_opener()
+    return urllib.request.build_opener()
+
+
 class SidecarClient:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
         self.url = (url or config.endpoint()).rstrip("/")
         self.token = token if token is not None else os.environ.get(config.ENV_TOKEN) or None
         self.timeout = timeout
+        self._opener = opener_for(self.url)  # the bearer token never goes through a proxy to this host
 
     def request(self, method: str, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """A call whose answer is JSON, decoded."""
@@ -56,7 +80,7 @@ class SidecarClient:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with self._opener.open(req, timeout=self.timeout) as resp:
                 return resp.read()
         except urllib.error.HTTPError as exc:
             try:
@@ -106,7 +130,7 @@ class SidecarClient:
         req = urllib.request.Request(self.url + path)
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp, open(dest, "wb") as out:
+        with self._opener.open(req, timeout=self.timeout) as resp, open(dest, "wb") as out:
             while chunk := resp.read(1 << 20):
                 out.write(chunk)
         return dest

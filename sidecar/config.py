@@ -6,6 +6,7 @@ replaced by the default (it must never stop an engine from starting), a bad argu
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -89,6 +90,18 @@ def trace_dir() -> Path:
 def token_file() -> Path:
     value = os.environ.get(ENV_TOKEN_FILE)
     return Path(value) if value else default_token_file()
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a ``--host`` value, a URL's host name) is this machine's loopback: ``localhost``
+    or a loopback address. Other names under ``.localhost`` are not counted: not every resolver maps
+    them to loopback."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def endpoint() -> str:

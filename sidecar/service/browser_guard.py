@@ -83,11 +83,10 @@ def _is_ip(name: str) -> bool:
 
 def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
     """A ``Host`` a rebinding page cannot send: a loopback name, an IP address (a page whose origin is an
-    address is that address's own), or a name (with or without its port) given with ``--allowed-host``."""
-    name, port = split_host(host)
-    if name in LOOPBACK_NAMES or _is_ip(name):
-        return True
-    return name in allowed or (port is not None and f"{name}:{port}" in allowed)
+    address is that address's own), or a name given with ``--allowed-host`` (on any port: a rebinding
+    page reaches the sidecar on the sidecar's own port anyway, so a port would protect nothing)."""
+    name, _ = split_host(host)
+    return name in LOOPBACK_NAMES or _is_ip(name) or name in allowed
 
 
 def _same_origin(origin: str, host: str) -> bool:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import os
+import re
+import stat
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -35,17 +38,75 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="refuse a capture (HTTP 507) while the trace dir's disk has less free (default %(default)s MiB)")
     p.add_argument("--triggers", type=Path, default=None, metavar="FILE",
                    help="trigger rules to install at start: a JSON list (docs/api.md, Triggers)")
+    p.add_argument("--allowed-host", action="append", default=[], type=_allowed_host, metavar="NAME",
+                   help="a host name a browser may use to reach the sidecar besides loopback names and IP "
+                        "addresses, e.g. a Service or ingress name; repeat for more")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=_serve)
 
 
 def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
+    return config.is_loopback_host(host)
+
+
+# A DNS host name (RFC 1123 labels; "_" too, which some internal names use), lower-cased already.
+_HOST_NAME = re.compile(r"(?=.{1,253}$)(?!-)[a-z0-9_-]{1,63}(?<!-)(?:\.(?!-)[a-z0-9_-]{1,63}(?<!-))*")
+
+
+def _allowed_host(value: str) -> str:
+    """One ``--allowed-host``: a bare host name, lower-cased (a Host header's name is compared without
+    its case). No port: a page that rebinds a name to the sidecar reaches it on the sidecar's own port
+    anyway, so a port would protect nothing and give the check two forms to get wrong. No IP address:
+    addresses are always allowed. Refused with a message naming the value (argparse exits 2)."""
+    name = value.lower()
+    problem = None
+    if not value.strip():
+        problem = "must not be empty"
+    elif any(c.isspace() for c in value):
+        problem = "must not contain spaces"
+    elif "://" in value:
+        problem = "give the host name alone, without a scheme (http://)"
+    elif "/" in value:
+        problem = "give the host name alone, without a path"
+    elif _is_ip_address(value.strip("[]")):
+        problem = "an IP address is always allowed: give host names only"
+    elif ":" in value:
+        problem = "give the host name without a port: every port of an allowed name is allowed"
+    elif not value.isascii():
+        problem = "give a name beyond ASCII in its punycode form (xn--...), as a browser sends it"
+    elif not _HOST_NAME.fullmatch(name):
+        problem = "not a host name (dot-separated labels of letters, digits, '-' and '_', at most 63 each)"
+    if problem:
+        raise argparse.ArgumentTypeError(f"{value!r}: {problem}")
+    return name
+
+
+def _is_ip_address(text: str) -> bool:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ipaddress.ip_address(text)
     except ValueError:
         return False
+    return True
+
+
+LOOPBACK_PAIR = ("127.0.0.1", "::1")
+
+
+def _bind_hosts(host: str) -> tuple[list[str], list[str]]:
+    """The addresses ``--host`` binds, and those of them this machine may lack.
+
+    127.0.0.1, ``localhost`` and ::1 bind both loopback addresses, the one asked for first:
+    ``localhost`` may resolve to ::1 first, and a process of another user listening on [::1] at the
+    sidecar's port would get the clients (and tokens) that say ``localhost``. A host without IPv6 goes
+    on with 127.0.0.1 alone (``serving.bind``'s ``optional``)."""
+    if host.lower() == "localhost":
+        first = LOOPBACK_PAIR[0]
+    elif _is_ip_address(host) and str(ipaddress.ip_address(host)) in LOOPBACK_PAIR:
+        first = str(ipaddress.ip_address(host))
+    else:
+        return [host], []
+    other = next(h for h in LOOPBACK_PAIR if h != first)
+    return [first, other], [other]
 
 
 def _token(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -60,14 +121,45 @@ def _token(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return token, f"{source}: {problem}" if problem else None
 
 
-def _listening(trace_dir: Path) -> Callable[[Sequence[tuple]], None]:
-    """What ``serve`` calls once bound: the real addresses (``--port 0`` picks a free one)."""
+def _listening(trace_dir: Path) -> Callable[[Sequence[tuple], Sequence[tuple[str, OSError]]], None]:
+    """What ``serve`` calls once bound: the real addresses (``--port 0`` picks a free one), and the
+    loopback address this machine lacks, if any."""
+    from .serving import url_host
 
-    def announce(addresses: Sequence[tuple]) -> None:
-        where = ", ".join(f"http://[{a[0]}]:{a[1]}" if ":" in a[0] else f"http://{a[0]}:{a[1]}" for a in addresses)
+    def announce(addresses: Sequence[tuple], left_out: Sequence[tuple[str, OSError]]) -> None:
+        for host, exc in left_out:
+            print(f"sidecar serve: this host has no {host} ({exc.strerror or exc}): serving "
+                  f"{' and '.join(a[0] for a in addresses)} alone", file=sys.stderr)
+        # " and ", not ", ": a reader of the first URL takes what runs up to the next space.
+        where = " and ".join(f"http://{url_host(a[0])}:{a[1]}" for a in addresses)
         print(f"sidecar: listening on {where}  traces in {trace_dir}", file=sys.stderr, flush=True)
 
     return announce
+
+
+def _make_trace_dir(path: Path) -> None:
+    """Create the trace dir 0700 (its parents too, under ``sidecar serve``'s umask 077). An existing
+    one is left as it is: it may be a volume shared on purpose (the engine's probes write into it),
+    and its mode is its owner's choice; where others can enter it, a warning says so, since traces
+    hold op names, shapes, Python stacks and pids."""
+    if not path.is_dir():
+        path.mkdir(parents=True, mode=0o700)
+        return
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        print(f"sidecar serve: warning: the trace dir {path} is open to other users (mode {mode:04o}); "
+              f"the files the sidecar writes there are 0600, but to keep the traces' names private too, "
+              f"chmod 700 {path} unless others need it", file=sys.stderr)
+
+
+def _bind_problem(exc: OSError, companion: bool) -> str:
+    """``sidecar serve``'s message for an address it cannot listen on."""
+    if exc.errno != errno.EADDRINUSE:
+        return str(exc)
+    if companion:
+        return (f"{exc}: another process listens there, and a client that resolves localhost to "
+                f"{exc.host} would reach it instead of the sidecar; stop it, or choose another --port")
+    return f"{exc}: another process listens there; stop it, or choose another --port"
 
 
 def _trigger_rules(path: Path | None, max_steps: int) -> list:
@@ -87,7 +179,7 @@ def _trigger_rules(path: Path | None, max_steps: int) -> list:
 
 def _serve(args: argparse.Namespace) -> int:
     from .app import ServiceSettings, make_app
-    from .serving import serve
+    from .serving import BindError, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
     token, problem = _token(args)
@@ -103,9 +195,12 @@ def _serve(args: argparse.Namespace) -> int:
             least = "0 or more" if name in ("port", "min_free_mb") else "positive"
             print(f"sidecar serve: --{name.replace('_', '-')} must be {least}", file=sys.stderr)
             return 2
+    # Everything the sidecar writes from here on is its user's alone (the token, traces, results):
+    # this process is `sidecar serve` itself, so the umask is its own to set.
+    os.umask(0o077)
     try:
         probe_token = auth.ensure_token_file(config.token_file(), token)
-        args.trace_dir.mkdir(parents=True, exist_ok=True)
+        _make_trace_dir(args.trace_dir)
     except (OSError, ValueError) as exc:  # ValueError: a token file that holds no usable token
         print(f"sidecar serve: {exc}", file=sys.stderr)
         return 2
@@ -124,13 +219,18 @@ def _serve(args: argparse.Namespace) -> int:
         keep_bytes=args.keep_mb * 2**20,
         min_free_bytes=args.min_free_mb * 2**20,
         triggers=tuple(triggers),
+        allowed_hosts=tuple(dict.fromkeys(args.allowed_host)),
     )
     from .tracing import start_tracing
 
+    hosts, optional = _bind_hosts(args.host)
     stop_tracing = start_tracing()  # the sidecar's own spans, where OTEL_* names a backend
     try:
         # Not web.run_app: serving.serve answers in JSON even what aiohttp's HTTP parser refuses.
-        serve(make_app(settings), args.host, args.port, _listening(settings.trace_dir))
+        serve(make_app(settings), hosts, args.port, _listening(settings.trace_dir), optional=optional)
+    except BindError as exc:
+        print(f"sidecar serve: {_bind_problem(exc, exc.host != hosts[0])}", file=sys.stderr)
+        return 2
     finally:
         if stop_tracing is not None:
             stop_tracing()

@@ -13,7 +13,8 @@ firings out of the list). A firing starts the capture first (``CaptureManager.st
 it returns; another job running: ``skipped: busy`` for the capture), then saves the flight recorder's
 last seconds to ``<trace dir>/triggers/<firing id>.recorder.json.gz`` (the newest ``KEEP_DUMPS``
 kept), then runs the sync scan once the capture has ended. Each firing, fired or skipped, counts in
-``sidecar_trigger_firings_total{trigger, outcome}`` and is a ``trigger_firing`` span.
+``sidecar_trigger_firings_total{trigger, outcome}`` and is a ``trigger_firing`` span; a deleted
+trigger's series leave /metrics with it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ KEEP_DUMPS = 20  # recorder dumps of firings kept on disk, all triggers together
 MAX_TRIGGERS = 100
 SPAN_NAME = "trigger_firing"
 DUMP_SUFFIX = ".recorder.json.gz"
+OUTCOMES = ("fired", "skipped")  # the outcome label of sidecar_trigger_firings_total
 
 
 @dataclass(eq=False)
@@ -92,7 +94,7 @@ class Triggers:
         trigger = Trigger(id="trg-" + secrets.token_hex(4), rule=rule,
                           limits=FiringLimits(rule.cooldown_s, rule.budget_per_hour))
         self._triggers[trigger.id] = trigger
-        for outcome in ("fired", "skipped"):  # from 0, so that rate() has a start
+        for outcome in OUTCOMES:  # from 0, so that rate() has a start
             self._firings.labels(trigger=trigger.id, outcome=outcome)
         return trigger
 
@@ -103,7 +105,13 @@ class Triggers:
         return list(self._triggers.values())
 
     def delete(self, trigger_id: str) -> Trigger | None:
-        return self._triggers.pop(trigger_id, None)
+        """Forget a trigger, and its series on /metrics: a trigger id is a label value, so series kept
+        for deleted triggers would grow the registry (and every scrape) with each add and delete."""
+        trigger = self._triggers.pop(trigger_id, None)
+        if trigger is not None:
+            for outcome in OUTCOMES:
+                self._firings.remove(trigger.id, outcome)
+        return trigger
 
     async def close(self) -> None:
         for task in list(self._tasks):
