@@ -5,7 +5,9 @@ step's anatomy (sidecar/analysis/anatomy.py).
 An engine maps its own range names onto these phases. A capture writes its process's map into its
 trace, as the top-level member ``TRACE_MEMBER`` (``{"phase_ranges": {range name: phase}}``), which
 the sidecar's merged trace keeps: a trace then says itself which of its ranges are phases, and the
-analysis needs neither the engine's plugin nor its name. No imports: the analysis imports this.
+analysis needs neither the engine's plugin nor its name. The same member says whether the process's
+step ranges are whole (``WHOLE_STEPS_KEY``; per process in a merged trace, ``WHOLE_STEPS_PIDS_KEY``).
+No imports: the analysis imports this.
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ WAITING_PHASES = frozenset({"wait_model"})
 
 TRACE_MEMBER = "inference_sidecar"  # top-level member of a capture's trace (the merged one's too)
 PHASE_RANGES_KEY = "phase_ranges"  # in it: {range name: phase}
+# In a step-driven process's trace: true when none of its ProfilerStep ranges is cut off. The probe
+# (sidecar/probe/recorder.py) opens each range at the begin of a step announced with work and closes
+# the last at a step boundary (the end of the window's last working step, or the first boundary after
+# a stop request or the time limit), never inside a step, and every range holds a step that did work.
+# Each range but the last holds the idle time until the next one began; the last ends with its step,
+# so it may be much shorter than the others and is still whole. Absent (a plain torch.profiler trace,
+# an API server's window) or false: the analysis judges the last range by its length.
+WHOLE_STEPS_KEY = "whole_steps"
+# In the merged trace's member: the pids (as the merged trace writes them) of the processes whose own
+# trace said ``WHOLE_STEPS_KEY``.
+WHOLE_STEPS_PIDS_KEY = "whole_steps_pids"
 
 
 def label(phase: str) -> str:

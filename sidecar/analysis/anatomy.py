@@ -13,6 +13,8 @@ without it has no anatomy: nothing here names an engine or guesses from range na
 - **Partial steps.** A process's last step is partial when its range is cut off (``steps.partial_last``:
   under half the median of the others) or when it lacks a phase that every other step of the process
   has (the window ended inside it). A partial step is listed, marked, and left out of every mean.
+  Neither rule applies to a process whose trace says its step ranges are whole (``steps.whole_steps``:
+  the sidecar's probe opens and closes them at step boundaries only): none of its steps is partial.
 - **Between forwards**: in a process with forward ranges, from the end of step n-1's last forward
   range to the start of step n's first, on the host: the time the model (on CPU, the worker) waits
   for the next batch. With GPU kernels, ``device_idle_us`` is the part of the time between the last
@@ -33,7 +35,7 @@ from .. import phases as phase_names
 from . import intervals
 from .events import Kind
 from .kernels import us
-from .steps import partial_last
+from .steps import partial_last, whole_steps
 from .view import ProcessView
 
 
@@ -82,7 +84,7 @@ def process_part(view: ProcessView) -> Optional[AnatomyPart]:
         return None
     spans = {p: intervals.union(np.concatenate(starts[p]), np.concatenate(ends[p])) for p in starts}
     steps = [(s.number, s.ts, s.ts + s.dur) for s in view.steps]
-    partial = _partial_steps(steps, spans)
+    partial = [False] * len(steps) if whole_steps(view) else _partial_steps(steps, spans)
     return AnatomyPart(label=view.label, pid=view.pid, rank=view.rank, file=view.data.path, phases=spans,
                        steps=steps, partial=partial, between=_between_forwards(view, steps, partial, spans))
 

@@ -3,6 +3,12 @@
 GPU work belongs to the step during which the host *launched* it (via the correlation join), not
 the one during which it ran: the GPU often runs behind the host, and an incident question is
 "what did step n ask of the GPU". Work with no known launch falls back to its own start time.
+
+A process's last step range may be cut off where recording stopped (a plain torch.profiler trace
+stopped mid-step): ``partial_last`` judges it by its length. Not in a process whose trace says its
+step ranges are whole (``whole_steps``): the sidecar's probe opens and closes them at step boundaries
+only (sidecar/phases.py ``WHOLE_STEPS_KEY``), so its last range, which holds no idle time after its
+step, is a step however short.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .. import phases as phase_names
 from . import intervals
 from .arrays import distinct
 from .events import Kind, is_collective
@@ -99,8 +106,22 @@ def step_stats(view: ProcessView, launch_calls: tuple[np.ndarray, np.ndarray], s
 
 
 # A process's last ProfilerStep range ends where recording stopped, not where the next step began. Shorter
-# than this fraction of the median of the others, it is taken as cut off, not as a fast step.
+# than this fraction of the median of the others, it is taken as cut off, not as a fast step (unless the
+# trace says its ranges are whole: ``whole_steps``).
 PARTIAL_BELOW = 0.5
+
+
+def whole_steps(view: ProcessView) -> bool:
+    """Whether ``view``'s trace says none of the process's step ranges is cut off: a probe's own trace
+    (``whole_steps``: true), or the sidecar's merged trace listing the process's pid
+    (``whole_steps_pids``). Neither: a foreign trace, whose last range ``partial_last`` judges."""
+    noted = view.data.members.get(phase_names.TRACE_MEMBER)
+    if not isinstance(noted, dict):
+        return False
+    if noted.get(phase_names.WHOLE_STEPS_KEY) is True:
+        return True
+    pids = noted.get(phase_names.WHOLE_STEPS_PIDS_KEY)
+    return isinstance(pids, list) and any(type(p) is type(view.pid) and p == view.pid for p in pids)
 
 
 def partial_last(durations: Sequence[float]) -> bool:
@@ -121,7 +142,7 @@ def _median(values: Sequence[float]) -> float:
 def to_json(view: ProcessView, steps: Sequence[StepStats], window_start: float) -> list[dict]:
     names = view.data.names
     out = []
-    cut_off = partial_last([s.dur for s in steps])
+    cut_off = not whole_steps(view) and partial_last([s.dur for s in steps])
     for index, s in enumerate(steps):
         busy = s.busy
         span = s.gpu_end - s.ts

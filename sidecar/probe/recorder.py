@@ -12,6 +12,19 @@ at the beginning of the first counted step, ``step()`` at the beginning of each 
 opens the next one, and ``stop()`` at the end of the N-th counted step closes the last. Idle time
 between counted steps falls inside the previous annotation, as in any torch.profiler schedule.
 
+So no annotation is cut off: each opens at a step's begin, and the last closes at a step boundary
+(the N-th step's end; after a stop request or the time limit, the first boundary after it), never
+inside a step. The last holds no idle time after its step and may be much shorter than the others
+(a loaded host, a worker that waits between steps), which the analysis would otherwise take for a
+step cut off where recording stopped. The trace says so itself: ``whole_steps`` in its
+``inference_sidecar`` member (sidecar/phases.py ``WHOLE_STEPS_KEY``), written with the phase table at
+the start, so that a trace recorded in parts (``records_in_parts``, trace_parts.py) has it in its
+first part's header, which the join keeps. One case would break it: a window that ends right after
+a step announced with work that did none (a stop request then), whose annotation holds no working
+step. Recorded in one session, the member is written again before ``stop()`` with ``whole_steps``
+false (Kineto keeps a key's last value); in parts, that step's part is left out of the join, so the
+trace ends with the last working step, as a window of N steps does.
+
 Export (``export_chrome_trace`` to plain JSON) runs on a separate thread. Kineto serialises holding
 the GIL from the first event to the last, as ``stop()`` does (measured: a second thread of the
 process cannot run meanwhile, ``benchmarks/bench_profiler_stop.py``), so the engine's next step waits
@@ -60,7 +73,7 @@ from concurrent.futures import Executor
 from time import perf_counter_ns
 from typing import Any, Callable
 
-from ..phases import PHASE_RANGES_KEY, TRACE_MEMBER
+from ..phases import PHASE_RANGES_KEY, TRACE_MEMBER, WHOLE_STEPS_KEY
 from ..protocol import P_CAPTURING, P_DONE, P_EXPORTING, CaptureReport, CaptureSpec
 from ..stack_samples import samples_path
 from ..step_window import FINISHED, RECORDING, StepWindow
@@ -79,6 +92,8 @@ class StepCapture(StepWindow):
 
     RECORDING_STATE = P_CAPTURING
     OPEN_FAILED = "profiler failed to start"
+    # Its ProfilerStep ranges open and close at step boundaries only: the trace says so (WHOLE_STEPS_KEY).
+    WHOLE_STEPS = True
     MAX_STACK_HZ: float | None = None  # the step thread is sampled at the rate asked
     CANCELLED = "no step recorded before the capture ended"
 
@@ -177,8 +192,7 @@ class StepCapture(StepWindow):
         sampler = self._sampler
         if sampler is not None:  # after the profiler: its samples fall inside the recorded steps
             sampler.start(threading.get_ident())
-        if self._phase_table:
-            self._note_phases()
+        self._note_trace(self._prof, whole=True)
         self._switch_scopes(True)  # last: nothing after it can fail the start and leave them on
         self._on_step_thread_ns += perf_counter_ns() - began
 
@@ -210,12 +224,25 @@ class StepCapture(StepWindow):
         nxt.start()
         self._prof = nxt
 
+    def _last_range_did_work(self) -> bool:
+        """Whether the last ProfilerStep range holds a step that did work. Ranges open at steps
+        announced with work (``_marked``: the last), working steps are counted (``_recorded``), and a
+        step begins with a new number only after one did work: the last range holds none exactly when
+        the step that opened it did none and the window closed before the next began."""
+        return self._recorded >= self._marked - self.first_step + 1
+
     def _stop_recording(self) -> None:
         began = perf_counter_ns()
         if self._sampler is not None:
             self._sampler.stop()  # a flag and a clock read; the sampler parks by itself
         self._switch_scopes(False)
         prof, self._prof = self._prof, None
+        drop_last = False
+        if self.WHOLE_STEPS and not self._last_range_did_work():
+            if self._parts:  # that range is the last part alone: left out of the join
+                drop_last = True
+            else:  # one session: the member says no more that the ranges are whole
+                self._note_trace(prof, whole=False)
         try:
             prof.stop()
             self._on_step_thread_ns += perf_counter_ns() - began
@@ -224,13 +251,24 @@ class StepCapture(StepWindow):
             self._fail(f"profiler failed to stop: {exc}")
             return
         self._report_state(P_EXPORTING)
-        self._exporter.submit(self._export, prof)
+        self._exporter.submit(self._export, prof, drop_last)
 
-    def _note_phases(self) -> None:
+    def _note_trace(self, prof, whole: bool) -> None:
+        """The trace's ``TRACE_MEMBER`` (sidecar/phases.py): the phase table, and for a step-driven
+        process whether its step ranges are whole. Written whole each time: a second call for the
+        key replaces the first (Kineto keeps a key's last value)."""
+        member: dict[str, Any] = {}
+        if self._phase_table:
+            member[PHASE_RANGES_KEY] = self._phase_table
+        if self.WHOLE_STEPS:
+            member[WHOLE_STEPS_KEY] = whole
+        if not member:
+            return
         try:  # a top-level member of the exported trace (only while the profiler runs)
-            self._prof.add_metadata_json(TRACE_MEMBER, json.dumps({PHASE_RANGES_KEY: self._phase_table}))
-        except Exception as exc:  # without it the analysis shows no step anatomy: the capture goes on
-            log.warning("inference-sidecar: capture %s: phase ranges not noted in the trace: %s", self.spec.id, exc)
+            prof.add_metadata_json(TRACE_MEMBER, json.dumps(member))
+        except Exception as exc:  # the capture goes on: no step anatomy, the last step judged by its length
+            log.warning("inference-sidecar: capture %s: %s not noted in the trace: %s", self.spec.id,
+                        " and ".join(member), exc)
 
     def _switch_scopes(self, on: bool) -> None:
         scopes = self._phase_scopes
@@ -270,12 +308,12 @@ class StepCapture(StepWindow):
             self._part_problem = problem
         self._parts_export_ns += perf_counter_ns() - began
 
-    def _export(self, prof) -> None:
+    def _export(self, prof, drop_last: bool = False) -> None:
         began = perf_counter_ns() - self._parts_export_ns  # the parts' exports count in export_ms
         if not self._parts:
             size, problem = self._write(prof, self.trace_path)
         else:
-            size, problem = self._join(prof)
+            size, problem = self._join(prof, drop_last)
         if problem is None and self._limits is not None:
             problem = self._limits.trace_problem(size)
         if problem is not None:
@@ -288,11 +326,15 @@ class StepCapture(StepWindow):
         self._report_state(P_DONE, file=self.trace_path, bytes=size, stacks_file=stacks_file,
                            stack_summary=stack_summary, export_ms=round((perf_counter_ns() - began) / 1e6, 3))
 
-    def _join(self, prof) -> tuple[int, str | None]:
+    def _join(self, prof, drop_last: bool = False) -> tuple[int, str | None]:
         """The last part exported, then every part joined into the trace file (trace_parts.py); the
-        parts deleted whatever happens."""
-        self._export_part(prof, part_path(self.trace_path, len(self._parts)))
-        self._parts.append(part_path(self.trace_path, len(self._parts)))
+        parts deleted whatever happens. ``drop_last``: the last session recorded no working step
+        (``_stop_recording``): not exported, the trace ends with the part before."""
+        if drop_last:
+            release(prof)
+        else:
+            self._export_part(prof, part_path(self.trace_path, len(self._parts)))
+            self._parts.append(part_path(self.trace_path, len(self._parts)))
         problem, size = self._part_problem, 0
         if problem is None and self._limits is not None:  # over the limit already: not worth joining
             problem = self._limits.trace_problem(sum(os.path.getsize(p) for p in self._parts))
@@ -355,6 +397,7 @@ class WindowCapture(StepCapture):
     """
 
     MAX_STACK_HZ = WINDOW_MAX_STACK_HZ
+    WHOLE_STEPS = False  # one ProfilerStep#0 over a window the sidecar ends: no step boundary
 
     def __init__(self, spec, trace_path, report, exporter, loop, cuda_available=False, limits=None,
                  stacks="none", phase_scopes=None, phase_table=None) -> None:

@@ -12,8 +12,11 @@ which each process has a clear name and all of them share one timeline.
 - a process's sampled stacks' slices come first in its events.
 
 Each process's events are one run, in the merged trace's order, and its host pid is listed in the
-header (``inference_sidecar.processes``). The raw files are streamed, one run of about 1 MiB of
-events at a time: memory does not grow with the trace.
+header (``inference_sidecar.processes``). What each probe noted in its trace's ``inference_sidecar``
+member (sidecar/phases.py) is kept there too: the phase ranges of all processes in one table, and the
+pids of the processes whose step ranges are whole (``whole_steps_pids``, as the merged trace writes
+them). The raw files are streamed, one run of about 1 MiB of events at a time: memory does not grow
+with the trace.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..analysis.stream import TopLevel, read_events
+from ..phases import PHASE_RANGES_KEY, TRACE_MEMBER, WHOLE_STEPS_KEY, WHOLE_STEPS_PIDS_KEY
 from . import disk_space
 from .raw_trace import RawTrace
 
@@ -59,14 +63,17 @@ def _write_merged(tmp: Path, traces: list[RawTrace], ref: int) -> None:
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": ref,
             "deviceProperties": devices,
-            "inference_sidecar": {
+            TRACE_MEMBER: {
                 "processes": [{"label": t.rec.label, "role": t.rec.role, "pid": pid, "rank": t.rec.rank}
                               for t, pid in zip(traces, tracks)]
             },
         }
         table = phase_ranges(traces)
         if table:  # the processes' phase ranges, for the analysis's step anatomy
-            header["inference_sidecar"]["phase_ranges"] = table
+            header[TRACE_MEMBER][PHASE_RANGES_KEY] = table
+        whole = whole_steps_pids(traces, tracks)
+        if whole:  # no step range of these processes is cut off, however short the last
+            header[TRACE_MEMBER][WHOLE_STEPS_PIDS_KEY] = whole
         out.write(json.dumps(header)[:-1] + ', "traceEvents": [\n')
         first = True
         for index, trace in enumerate(traces):
@@ -85,11 +92,23 @@ def phase_ranges(traces: list[RawTrace]) -> dict[str, str]:
     """Every process's phase ranges (range name → phase) in one table: a name is one phase in an engine."""
     table: dict[str, str] = {}
     for trace in traces:
-        noted = trace.members.get("inference_sidecar")
-        ranges = noted.get("phase_ranges") if isinstance(noted, dict) else None
+        noted = trace.members.get(TRACE_MEMBER)
+        ranges = noted.get(PHASE_RANGES_KEY) if isinstance(noted, dict) else None
         if isinstance(ranges, dict):
             table.update((k, v) for k, v in ranges.items() if isinstance(k, str) and isinstance(v, str))
     return table
+
+
+def whole_steps_pids(traces: list[RawTrace], tracks: list[int]) -> list[int]:
+    """The merged trace's pids (``track_pids``) of the processes whose own trace says that none of its
+    step ranges is cut off (``WHOLE_STEPS_KEY``, written by the probe): the fact is per process, and
+    the merged trace has one member for all of them."""
+    out = []
+    for trace, pid in zip(traces, tracks):
+        noted = trace.members.get(TRACE_MEMBER)
+        if isinstance(noted, dict) and noted.get(WHOLE_STEPS_KEY) is True:
+            out.append(pid)
+    return out
 
 
 def track_pids(traces: list[RawTrace]) -> list[int]:
