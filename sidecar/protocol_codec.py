@@ -79,6 +79,8 @@ def _decode(decoder: msgspec.json.Decoder, frame: str | bytes) -> Any:
         return decoder.decode(frame)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ProtocolError(str(exc)) from None
+    except RecursionError:  # a field of any type holding JSON nested deeper than the decoder goes
+        raise ProtocolError("JSON nested too deep") from None
 
 
 def decode_from_probe(frame: str | bytes) -> FromProbe:

@@ -65,8 +65,10 @@ def split_host(value: str) -> tuple[str, str | None]:
     """``Host`` (or an ``Origin``'s netloc) as a lower-case name without a trailing dot, and its port."""
     value = value.strip().lower()
     if value.startswith("["):  # [v6]:port
-        name, _, rest = value[1:].partition("]")
-        return name, rest[1:] if rest.startswith(":") else None
+        name, closed, rest = value[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")):  # "[::1", "[::1]evil": no host at all
+            return value, None
+        return name, rest[1:] if rest else None
     if value.count(":") == 1:
         name, _, port = value.partition(":")
         return name.rstrip("."), port

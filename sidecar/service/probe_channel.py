@@ -99,7 +99,12 @@ async def _receive_hello(ws: web.WebSocketResponse, peer: str | None) -> Hello |
         log.warning("probe at %s sent no hello within %g s", peer, HELLO_TIMEOUT_S)
         await ws.close(code=CLOSE_REFUSED, message=close_reason("no hello"))
         return None
-    if first.type != WSMsgType.TEXT:
+    if first.type == WSMsgType.BINARY:  # the channel is JSON text: refused as any bad hello is
+        reason = "bad hello: a binary frame (the probe channel takes text frames of JSON)"
+        log.warning("probe at %s refused: %s", peer, reason)
+        await ws.close(code=CLOSE_REFUSED, message=close_reason(reason))
+        return None
+    if first.type != WSMsgType.TEXT:  # closed or broken: nothing to refuse
         return None
     try:
         return decode_hello(first.data)
@@ -123,11 +128,13 @@ async def _authenticate(ws: web.WebSocketResponse, hello: Hello, token: str, pee
     except asyncio.TimeoutError:
         reason = f"no proof within {HELLO_TIMEOUT_S:g} s"
     else:
-        if frame.type != WSMsgType.TEXT:  # closed or broken: nothing to refuse
+        if frame.type not in (WSMsgType.TEXT, WSMsgType.BINARY):  # closed or broken: nothing to refuse
             log.info("probe %r at %s left before its proof (one with another token leaves at the sidecar's)",
                      hello.process.label, peer)
             return False
         try:
+            if frame.type == WSMsgType.BINARY:
+                raise ProtocolError("a binary frame (the probe channel takes text frames of JSON)")
             msg = decode_from_probe(frame.data)
         except ProtocolError as exc:
             msg, reason = None, f"bad proof: {exc}"
@@ -146,9 +153,11 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, registry: Pro
                  queries: QueryBroker, request_captures: RequestCaptures) -> None:
     dropped = 0
     async for frame in ws:
-        if frame.type != WSMsgType.TEXT:
+        if frame.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
             break
         try:
+            if frame.type == WSMsgType.BINARY:  # malformed like any other bad frame: dropped, the link goes on
+                raise ProtocolError("a binary frame (the probe channel takes text frames of JSON)")
             msg = decode_from_probe(frame.data)
             if isinstance(msg, (Hello, Proof)):
                 raise ProtocolError(f"a second {type(msg).__name__.lower()} on the same connection")
@@ -191,6 +200,6 @@ async def close_probe_sockets(app: web.Application) -> None:
 def add_probe_channel(app: web.Application) -> None:
     app[PROBE_SOCKETS] = set()
     app[QUERIES] = QueryBroker()
-    app.router.add_get(PROBE_WS_PATH, probe_ws)
+    app.router.add_get(PROBE_WS_PATH, probe_ws, allow_head=False)  # a HEAD cannot become a websocket
     # on_shutdown runs before aiohttp waits for the open handlers (cleanup_ctx only after that wait).
     app.on_shutdown.append(close_probe_sockets)

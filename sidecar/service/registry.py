@@ -13,6 +13,7 @@ from aiohttp import web
 from ..protocol import FromSidecar, Heartbeat, InFlight, ProcessIdentity
 from ..protocol_codec import encode
 from .clock_sync import ClockEstimate
+from .watch_reports import watch_report_problem
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class ProbeConnection:
     # lead of its later jobs covers it.
     begin_took_s: float = 0.0
     sync_watch: dict[str, Any] | None = None  # the probe's latest always-on sync watch report
+    watch_report_refused: bool = False  # one of its reports was malformed (warned once)
     open_step_ms: float | None = None  # how long its running step had run at the last heartbeat
     stuck: dict[str, Any] | None = None  # its watchdog's report while a step runs over the threshold
     in_flight: InFlight | None = None  # the requests it knows in flight (the engine core)
@@ -68,7 +70,12 @@ class ProbeConnection:
     def observe_heartbeat(self, beat: Heartbeat, now: float) -> None:
         self.observe_steps(beat.steps, now)
         if beat.sync_watch is not None:
-            self.sync_watch = beat.sync_watch
+            problem = watch_report_problem(beat.sync_watch)
+            if problem is None:
+                self.sync_watch = beat.sync_watch
+            elif not self.watch_report_refused:  # its readers would fail on it (watch_reports.py): the last good one stays
+                self.watch_report_refused = True  # warned once: the probe sends one every heartbeat
+                log.warning("probe %s: sync watch report dropped (and any more like it): %s", self.identity.label, problem)
         self.open_step_ms, self.stuck, self.in_flight = beat.open_step_ms, beat.stuck, beat.in_flight
         self.slowest_step_ms, self.slowest_step = beat.slowest_step_ms, beat.slowest_step
 

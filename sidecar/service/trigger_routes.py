@@ -18,6 +18,9 @@ async def _rule_body(request: web.Request):
         raise web.HTTPUnsupportedMediaType(text=f"send the rule as a JSON object ({JSON})")
     try:
         raw = await request.read()
+    except web.RequestPayloadError as exc:  # a Content-Encoding the body does not have, a broken chunk
+        raise ParamError("body", f"could not be read: {exc.__cause__ or exc}") from None
+    try:
         return json.loads(raw.decode("utf-8"))
     except RecursionError:
         raise ParamError("body", "invalid JSON: nested too deep") from None

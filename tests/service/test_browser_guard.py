@@ -154,7 +154,7 @@ async def test_another_sites_page_cannot_fetch_or_embed_a_read(sidecar, path, mo
 
 @pytest.mark.parametrize("path", ["/profiles", "/metrics", "/healthz", "/", "/requests", "/profile/start?steps=3"])
 @pytest.mark.parametrize("host", ["attacker.example:8787", "attacker.example", "localhost.attacker.example",
-                                  "127.0.0.1.nip.io:8787", "LOCALHOST.evil", "2130706433"])
+                                  "127.0.0.1.nip.io:8787", "LOCALHOST.evil", "2130706433", "[::1", "[::1]evil.example"])
 async def test_a_host_that_names_no_address_of_the_sidecar_is_refused(sidecar, host, path):
     # A rebinding page reaches 127.0.0.1 as "same origin" but still names its own host.
     body = await refused(await sidecar.get(path, headers={"Host": host}), 421, "host_not_allowed")
