@@ -39,13 +39,13 @@ def direct_opener() -> urllib.request.OpenerDirector:
 
 
 def opener_for(url: str) -> urllib.request.OpenerDirector:
-    """How to reach ``url``: directly when its host is loopback (``config.is_loopback_host``), else as
+    """How to reach ``url``: directly when its host is this machine (``config.reaches_this_machine``), else as
     the environment says (its proxies and NO_PROXY, read now: ``urllib.request.urlopen`` keeps those
     of its first call for the life of the process)."""
     import urllib.parse
     import urllib.request
 
-    if config.is_loopback_host(urllib.parse.urlsplit(url).hostname or ""):
+    if config.reaches_this_machine(urllib.parse.urlsplit(url).hostname or ""):
         return direct_opener()
     return urllib.request.build_opener()
 

@@ -96,10 +96,25 @@ def is_loopback_host(host: str) -> bool:
     """Whether ``host`` (a ``--host`` value, a URL's host name) is this machine's loopback: ``localhost``
     or a loopback address. Other names under ``.localhost`` are not counted: not every resolver maps
     them to loopback."""
-    if host.lower() == "localhost":
+    host = host.strip("[]").lower().rstrip(".")  # a URL's [::1], a fully qualified "localhost."
+    if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is 127.0.0.1
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def reaches_this_machine(host: str) -> bool:
+    """Whether a URL's ``host`` is this machine without leaving it: loopback, or 0.0.0.0 / :: as a
+    destination (what the start line of ``sidecar serve --host 0.0.0.0`` prints, and users copy). A
+    client sends such a request directly, never through a proxy (it would carry the token there)."""
+    if is_loopback_host(host):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
     except ValueError:
         return False
 

@@ -76,3 +76,16 @@ def test_a_sidecar_elsewhere_is_still_reached_through_the_proxy(proxy):
     client = SidecarClient("http://sidecar.invalid:8787", token=TOKEN, timeout=10)
     assert client.request("GET", "/processes") == {"answered_by": "proxy"}
     assert proxy.seen and proxy.seen[0][0].startswith("GET http://sidecar.invalid:8787/processes")
+
+
+@pytest.mark.parametrize("host, direct", [
+    ("127.0.0.1", True), ("localhost", True), ("localhost.", True), ("::1", True), ("[::1]", True),
+    ("::ffff:127.0.0.1", True), ("0.0.0.0", True), ("::", True),  # `--host 0.0.0.0` prints the first
+    ("10.0.0.5", False), ("sidecar.example", False), ("localhost.example", False),
+])
+def test_which_hosts_are_reached_without_a_proxy(host, direct):
+    from sidecar import config
+
+    assert config.reaches_this_machine(host) is direct
+    # ...but only loopback counts as a loopback bind: 0.0.0.0 without a token is still refused.
+    assert config.is_loopback_host(host) is (direct and host not in ("0.0.0.0", "::"))

@@ -9,14 +9,15 @@ host can connect too, on behalf of any page it opens, so two attacks reach a loo
   that starts a capture has done its harm by arriving. Refused here, for every request that changes
   state: an ``Origin`` that is not the sidecar's own, ``Sec-Fetch-Site`` other than ``same-origin`` or
   ``none``, a ``Referer`` from another origin where the browser sent neither of those, and a body type
-  a page can send without a CORS preflight (form, multipart, text/plain). Every other request that a
-  browser marks as another site's is refused too unless it is a top-level navigation (a link from
-  Grafana to a capture's report still opens), so an ``<img>`` cannot make ``/stacks`` sample the engine.
+  a page can send without a CORS preflight (form, multipart, text/plain). ``/stacks`` and ``/recorder``
+  count as acting: they make the engine work. Every other request that a browser marks as another
+  site's is refused too unless it is a top-level navigation (a link from Grafana to a capture's report
+  still opens).
 - **DNS rebinding.** A page re-points its own host name at 127.0.0.1 and then reads the sidecar as
   "same origin". Its requests still name the page's host in ``Host``, so a ``Host`` that is neither a
   loopback name, an IP address, nor a name given with ``--allowed-host`` is refused (421) before any
-  handler runs. A request that presents the sidecar's token skips this check: a rebinding page has no
-  token, and a scraper or client reaching the sidecar through a Service name must not be locked out.
+  handler runs. A sidecar that has a token skips this check: the token is what a rebinding page lacks,
+  and a scraper, health check or client reaching it through a Service name must not be locked out.
 
 Clients that are not browsers (curl, the CLI, Prometheus, the probes) send none of these headers and
 are unaffected. The probe channel and the signed metric push prove the token with an HMAC instead of
@@ -32,7 +33,6 @@ from urllib.parse import urlsplit
 
 from aiohttp import hdrs, web
 
-from .. import auth
 from ..protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
 from .keys import SETTINGS
 from .responses import json_error
@@ -40,6 +40,9 @@ from .responses import json_error
 # A GET to these starts a job: state changes on them whatever the method (the other starts and stops,
 # the trigger routes, and every future route that changes state take POST or DELETE).
 START_PATHS = frozenset({"/profile/start", "/sync/start", "/modules/start"})
+# Reads that make the engine work (a stack sampler for up to a minute, py-spy pausing it, a recorder
+# dump of tens of MiB): a cross-site navigation must not set them off either.
+COSTLY_READS = frozenset({"/stacks", "/recorder"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # What a page may send cross-site without a CORS preflight ("simple" requests, Fetch standard):
 # a state-changing request must arrive as something else (query parameters, or a JSON body).
@@ -53,12 +56,18 @@ TOP_LEVEL_DESTS = frozenset({"document", ""})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def changes_state(request: web.Request) -> bool:
-    """Whether ``request`` would act (start or stop a job, add or delete a trigger, open the probe channel)."""
+def _route_path(request: web.Request) -> str:
+    """The path of the route that serves ``request`` (its canonical form), or the request's own."""
     resource = request.match_info.route.resource
-    path = resource.canonical if resource is not None else request.path
+    return resource.canonical if resource is not None else request.path
+
+
+def changes_state(request: web.Request) -> bool:
+    """Whether ``request`` would act (start or stop a job, add or delete a trigger, open the probe channel)
+    or make the engine work (``COSTLY_READS``)."""
+    path = _route_path(request)
     upgrade = request.headers.get(hdrs.UPGRADE, "").lower() == "websocket"
-    return request.method not in SAFE_METHODS or path in START_PATHS or upgrade
+    return request.method not in SAFE_METHODS or path in START_PATHS or path in COSTLY_READS or upgrade
 
 
 def split_host(value: str) -> tuple[str, str | None]:
@@ -142,9 +151,9 @@ async def browser_guard(request: web.Request, handler: Handler) -> web.StreamRes
     """Refuses, before any handler runs, what a page in the user's browser must not do (module docstring)."""
     settings = request.app[SETTINGS]
     host = request.headers.get(hdrs.HOST)
-    token = settings.http_token
-    presents_token = bool(token) and auth.bearer_matches(request.headers.get(hdrs.AUTHORIZATION), token)
-    if host is not None and request.path not in HMAC_PATHS and not presents_token \
+    # With a token the token is the check: a rebinding page has none, and a name not listed (a Service,
+    # a node's name) must not lock out /healthz, the token prompt or a scraper with a wrong token (401).
+    if host is not None and not settings.http_token and _route_path(request) not in HMAC_PATHS \
             and not host_allowed(host, settings.allowed_hosts):
         return json_error(421, "host_not_allowed",
                           f"the Host {host!r} is not a name this sidecar serves (a page that rebinds its own name "

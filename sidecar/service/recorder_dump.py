@@ -15,9 +15,10 @@ import asyncio
 import os
 import json
 import time
+from pathlib import Path
 
 from ..protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS, RECORDER_DIR
-from . import file_fetch, recorder_clock
+from . import file_fetch, safe_files, recorder_clock
 from .queries import QueryBroker
 from .query_slots import Work
 
@@ -86,14 +87,18 @@ def read_dump(reported: str | None, expected_name: str) -> dict:
     from the sidecar's trace dir, but a report never leads the sidecar to read or delete another file."""
     if not reported:
         raise ValueError("the process named no file")
-    path = os.path.realpath(reported)
+    # As reported, not resolved: a link at the dump's name (or at its folder's) is refused, not followed.
+    path = os.path.normpath(reported)
     if os.path.basename(path) != expected_name or os.path.basename(os.path.dirname(path)) != RECORDER_DIR:
         raise ValueError(f"{reported!r} is not this query's recorder dump")
-    try:
-        with open(path, "rb") as f:
+    folder = os.path.dirname(path)
+    try:  # only that folder's own regular file (a trace root may be a shared volume)
+        with safe_files.open_in_folder(Path(folder), expected_name) as f:
             return json.loads(f.read())
+    except safe_files.NotInFolder as exc:
+        raise ValueError(f"{reported!r}: {exc}") from None
     finally:
-        try:
-            os.unlink(path)
+        try:  # the name in that folder, whatever it is now: an unlink never follows a link
+            os.unlink(os.path.join(folder, expected_name))
         except OSError:
             pass

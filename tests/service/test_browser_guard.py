@@ -141,6 +141,14 @@ async def test_a_link_from_another_site_still_opens_a_read(sidecar, path):
     assert resp.status == 200, await resp.text()
 
 
+@pytest.mark.parametrize("path", ["/stacks?seconds=60&hz=1000", "/stacks?mode=native", "/recorder?seconds=3600"])
+async def test_a_link_from_another_site_cannot_make_the_engine_work(sidecar, path):
+    # /stacks and /recorder are reads that cost the engine (a sampler, py-spy, a dump): acting, for the guard.
+    await refused(await sidecar.get(path, headers=CROSS_NAVIGATION), 403, "cross_site_request")
+    resp = await sidecar.get(path, headers={"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate"})
+    assert resp.status != 403, await resp.text()  # typed into the address bar: served
+
+
 @pytest.mark.parametrize("path", ["/profiles", "/stacks", "/recorder?seconds=5", "/metrics"])
 @pytest.mark.parametrize("mode, dest", [("no-cors", "image"), ("cors", "empty"), ("navigate", "iframe"),
                                         ("no-cors", "script")])
@@ -169,18 +177,24 @@ async def test_loopback_names_and_ip_addresses_are_served(sidecar, host):
     assert resp.status == 200, await resp.text()
 
 
-async def test_allowed_hosts_are_served_and_the_token_lets_any_name_through(aiohttp_client, tmp_path):
-    token = "a-long-enough-test-token-0123456789"
-    client = await aiohttp_client(_app(tmp_path, allowed_hosts=("sidecar.monitoring.svc", "grafana-proxy"),
-                                       http_token=token))
-    bearer = {"Authorization": f"Bearer {token}"}
+async def test_allowed_hosts_are_served(aiohttp_client, tmp_path):
+    client = await aiohttp_client(_app(tmp_path, allowed_hosts=("sidecar.monitoring.svc", "grafana-proxy")))
     for host in ("sidecar.monitoring.svc", "sidecar.monitoring.svc:8787", "Grafana-Proxy.:9000"):
-        assert (await client.get("/profiles", headers={"Host": host, **bearer})).status == 200
-    # Without the token these names are served as far as the token check, which answers 401.
-    assert (await client.get("/profiles", headers={"Host": "sidecar.monitoring.svc"})).status == 401
+        assert (await client.get("/profiles", headers={"Host": host})).status == 200
     await refused(await client.get("/profiles", headers={"Host": "grafana-proxy.evil:9000"}), 421, "host_not_allowed")
-    # A scraper or client that presents the token through a name nobody configured is not locked out.
-    assert (await client.get("/metrics", headers={"Host": "vllm-7.pods.example", **bearer})).status == 200
+
+
+async def test_with_a_token_the_token_is_the_check_and_no_name_is_locked_out(aiohttp_client, tmp_path):
+    # A rebinding page has no token; a health check, the token prompt, a scraper through a Service name
+    # must not get 421 (nor a scraper with a wrong token: its answer is the 401 that says why).
+    token = "a-long-enough-test-token-0123456789"
+    client = await aiohttp_client(_app(tmp_path, http_token=token))
+    name = {"Host": "vllm-sidecar.pods.example:8787"}
+    assert (await client.get("/healthz", headers=name)).status == 200
+    assert (await client.get("/profiles", headers=name)).status == 401
+    assert (await client.get("/", headers={**name, "Accept": "text/html"})).status == 401  # the token prompt
+    resp = await client.get("/metrics", headers={**name, "Authorization": f"Bearer {token}"})
+    assert resp.status == 200
 
 
 async def test_the_probe_channel_and_the_metric_push_are_left_to_their_own_proofs(sidecar):

@@ -73,6 +73,7 @@ DOCUMENT = _document()
 OPERATIONS = [(method.upper(), path, op) for path, item in sorted(DOCUMENT["paths"].items())
               for method, op in sorted(item.items()) if not op.get("x-websocket")]
 START_PATHS = {"/profile/start", "/sync/start", "/modules/start"}
+COSTLY_READS = {"/stacks", "/recorder"}  # reads that make the engine work: acting, for the guard
 # Start parameters whose valid values are valid together (stack_hz needs stacks, activities=cuda a CUDA
 # process, processes=api_server alone selects no stepping process, baseline an earlier scan).
 COMBINE_FREELY = {"steps", "delay", "timeout_s", "stacks", *BOOLEAN_OPTIONS}
@@ -439,7 +440,7 @@ def guard_outcomes(method: str, template: str, headers: dict[str, str], labels: 
     if host_ok is False:
         return outcomes
     site = _header(headers, "Sec-Fetch-Site")
-    acts = method not in ("GET", "HEAD", "OPTIONS") or template in START_PATHS \
+    acts = method not in ("GET", "HEAD", "OPTIONS") or template in START_PATHS or template in COSTLY_READS \
         or _header(headers, "Upgrade") == "websocket"
     if not acts:  # a read: only a top-level navigation may come from another site
         navigation = _header(headers, "Sec-Fetch-Mode") == "navigate" \
