@@ -36,6 +36,10 @@ import math
 from typing import Any, Iterable, Sequence
 
 ARM_REPLY_S = 3.0  # how long every step-driven probe has to answer "arm" before it counts as lost
+# ...unless it has sent a heartbeat since its arm left: alive, its link thread only slow to answer (a
+# loaded host: two vLLM servers on 2 cores once kept a worker from answering for over 3 s, and the
+# capture went partial). Such a process is waited for up to this long after the arm.
+ARM_REPLY_ALIVE_S = 10.0
 # The start step lies at least this far ahead at the fastest observed step rate. 0.25 s was short on
 # a loaded 2-core host: a worker's begin arrived 4 steps late on real vLLM; a capture that starts a
 # quarter of a second later costs its user nothing.

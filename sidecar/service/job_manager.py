@@ -57,6 +57,7 @@ class JobManager(Generic[J]):
         keep_bytes: int | None = None,
         stop_grace_s: float = STOP_GRACE_S,
         arm_reply_s: float = arming.ARM_REPLY_S,
+        arm_reply_alive_s: float = arming.ARM_REPLY_ALIVE_S,
         on_finished: Callable[[J], None] | None = None,
     ) -> None:
         self._registry = registry
@@ -65,6 +66,7 @@ class JobManager(Generic[J]):
         self._keep_bytes = keep_bytes
         self._grace_s = stop_grace_s
         self._arm_reply_s = arm_reply_s
+        self._arm_reply_alive_s = arm_reply_alive_s
         self._on_finished = on_finished
         self._jobs: "OrderedDict[str, J]" = OrderedDict()
         self._active: J | None = None
@@ -183,16 +185,19 @@ class JobManager(Generic[J]):
 
     # -- the second phase of arming ------------------------------------------------------------------
     async def _begin_when_armed(self, job: J) -> None:
+        sent_at = time.time()  # the arms have left: a heartbeat received after this shows a process alive
         try:
             await asyncio.wait_for(job.armed_event.wait(), self._arm_reply_s)
         except asyncio.TimeoutError:
-            pass
+            await self._wait_for_the_living(job, sent_at)
         if job is not self._active or job.stop_reason is not None:
             return
         replied = [p for p in job.step_driven if p.steps_seen is not None and p.state == P_ARMED]
+        waited = time.monotonic() - job.armed_at
+        within = f"{self._arm_reply_s:g} s" if waited < self._arm_reply_s + 0.5 else f"{waited:.1f} s (alive)"
         for rec in job.step_driven:
             if rec.state == P_ARMED and rec.steps_seen is None:
-                job.move(rec, P_LOST, f"did not answer 'arm' within {self._arm_reply_s:g} s")
+                job.move(rec, P_LOST, f"did not answer 'arm' within {within}")
         # Each engine instance counts its own steps (two servers sharing this sidecar, data-parallel
         # engine cores): one start step per instance, ahead of that instance's counts.
         for instance, members in arming.by_instance(replied).items():
@@ -205,6 +210,21 @@ class JobManager(Generic[J]):
                     job.move(rec, P_LOST, "probe unreachable when beginning")
         job.start_step = next(iter(job.start_steps.values())) if len(job.start_steps) == 1 else None
         await self._progress(job)
+
+    async def _wait_for_the_living(self, job: J, sent_at: float) -> None:
+        """Past ``arm_reply_s``, wait on while some process that has not answered has sent a heartbeat
+        since its arm left (alive, its answer late: a loaded host), up to ``arm_reply_alive_s`` after
+        the arm; a process silent since then is lost as before."""
+        deadline = job.armed_at + max(self._arm_reply_s, self._arm_reply_alive_s)
+        while not job.armed_event.is_set() and job is self._active and job.stop_reason is None:
+            unanswered = [r for r in job.step_driven if r.state == P_ARMED and r.steps_seen is None]
+            left = deadline - time.monotonic()
+            if left <= 0 or not any(r.conn is not None and r.conn.last_seen >= sent_at for r in unanswered):
+                return
+            try:  # looked at again every half second: a process may fall silent meanwhile
+                await asyncio.wait_for(job.armed_event.wait(), min(left, 0.5))
+            except asyncio.TimeoutError:
+                pass
 
     def _start_step(self, job: J, replied: list[ProcessRun]) -> tuple[int, float | None]:
         """The start step sent in ``begin`` to ``replied``, the processes of one engine instance, and

@@ -4,6 +4,7 @@ lost processes, reports out of order, one job at a time across kinds, retention.
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -374,3 +375,27 @@ async def test_a_timeout_before_any_step_is_a_failure_not_a_cancellation(world, 
     await world.capture_report(w0, capture.id, "failed", error=NOT_STARTED.replace("stopped by request", "timeout"))
     await capture.done_event.wait()
     assert capture.state == "failed" and capture.reason.startswith("timeout after 0.2 s")
+
+
+async def test_a_probe_slow_to_answer_arm_but_alive_is_waited_for(world, fake_merge):
+    # A loaded host starved a worker's link thread past the arm wait (two vLLM servers on 2 cores): it
+    # still sent heartbeats, so it is alive and waited for (up to ARM_REPLY_ALIVE_S), not lost.
+    slow, w1 = world.connect("worker", 0), world.connect("worker", 1)
+    capture = await world.captures.start(CaptureRequest(steps=1))
+    await world.capture_report(w1, capture.id, "armed", steps_seen=5)
+    await asyncio.sleep(0.1)
+    slow.observe_steps(5, time.time())  # a heartbeat after its arm left
+    await asyncio.sleep(0.5)  # past the 0.3 s arm wait
+    assert capture.processes[0].state != "lost" and not sent(w1, Begin)
+    await world.capture_report(slow, capture.id, "armed", steps_seen=5)
+    await until(lambda: sent(slow, Begin) and sent(w1, Begin))
+    assert {p.state for p in capture.processes} == {"armed"}
+
+
+async def test_a_silent_probe_is_lost_at_the_arm_wait_even_if_it_was_heard_before(world, fake_merge):
+    quiet, w1 = world.connect("worker", 0), world.connect("worker", 1)
+    quiet.observe_steps(5, time.time())  # heard from before the arm, silent after it
+    capture = await world.captures.start(CaptureRequest(steps=1))
+    await world.capture_report(w1, capture.id, "armed", steps_seen=5)
+    await until(lambda: sent(w1, Begin), timeout=2.0)
+    assert capture.processes[0].error == "did not answer 'arm' within 0.3 s"
