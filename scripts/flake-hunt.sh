@@ -39,6 +39,10 @@ if [ -d "$dir/.git" ]; then
 else
   git clone --quiet "$here" "$dir" && git -C "$dir" checkout --quiet --detach "$commit"
 fi
+# The recorded traces the analysis tests read lie in shared/ beside the repository (as CI's copy does).
+if [ -d "$here/../shared" ] && [ ! -e "$(dirname "$dir")/shared" ]; then
+  ln -s "$(cd "$here/../shared" && pwd)" "$(dirname "$dir")/shared"
+fi
 results="$dir/.cache/flake-hunt"
 rm -rf "$results" && mkdir -p "$results"
 hog_pid=""
