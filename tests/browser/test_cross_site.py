@@ -152,7 +152,11 @@ async def test_a_page_of_another_site_can_neither_drive_nor_read_the_sidecar(
         attack = ATTACK_PAGE % {
             "targets": json.dumps([sidecar, f"http://127.0.0.1:{canary_port}"]), "starts": json.dumps(STARTS),
             "stops": json.dumps(STOPS), "trigger": json.dumps(TRIGGER_BODY), "reads": json.dumps(reads)}
-        page_app.router.add_get("/", lambda request: web.Response(text=attack, content_type="text/html"))
+
+        async def attack_page(request: web.Request) -> web.Response:
+            return web.Response(text=attack, content_type="text/html")
+
+        page_app.router.add_get("/", attack_page)
         page_runner, page_port = await _serve(page_app)
         context = await resolving_browser.new_context()
         try:

@@ -46,7 +46,7 @@ def test_each_server_records_its_own_steps(two_servers, background_load):
 
     with background_load(first, concurrency=2, duration_s=60, max_tokens=32) as load_a, \
             background_load(second, concurrency=2, duration_s=60, max_tokens=32) as load_b:
-        time.sleep(2.0)
+        _wait_until_every_engine_process_steps(client)
         status = client.wait(client.start(5)["id"], timeout=120)
         load_a.stop()
         load_b.stop()
@@ -57,3 +57,21 @@ def test_each_server_records_its_own_steps(two_servers, background_load):
         if p["role"] != "api_server":
             assert p["steps_recorded"] == 5 and p["first_step"] == status["start_steps"][p["instance"]], p
     assert status["notes"] == [], status["notes"]
+
+
+def _wait_until_every_engine_process_steps(client: SidecarClient, steps: int = 10, timeout: float = 120) -> None:
+    """Until every step-driven process has stepped ``steps`` times since the load began. The second
+    server's /health answers before its worker is through its first batches (on CPU, seconds of work
+    that hold the GIL, its probe's link thread silent): a capture started 2 s into the load lost that
+    worker ("did not answer 'arm' within 3 s") in 2 runs of 4."""
+    def counts() -> dict[int, int]:
+        return {p["pid"]: p["last_step"] or 0 for p in client.request("GET", "/processes")["processes"]
+                if p["role"] != "api_server"}
+
+    first, deadline = counts(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = counts()
+        if all(now.get(pid, 0) - count >= steps for pid, count in first.items()):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the engine processes did not step {steps} times within {timeout:g} s: {first} -> {counts()}")
