@@ -92,6 +92,15 @@ def token_file() -> Path:
     return Path(value) if value else default_token_file()
 
 
+def is_ip_address(text: str) -> bool:
+    """Whether ``text`` is an IPv4 or IPv6 address (not a host name)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def is_loopback_host(host: str) -> bool:
     """Whether ``host`` (a ``--host`` value, a URL's host name) is this machine's loopback: ``localhost``
     or a loopback address. Other names under ``.localhost`` are not counted: not every resolver maps

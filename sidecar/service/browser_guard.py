@@ -27,12 +27,12 @@ websocket names its page in ``Origin``). No CORS header is ever sent, so no othe
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import hdrs, web
 
+from .. import config
 from ..protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
 from .keys import SETTINGS
 from .responses import json_error
@@ -84,20 +84,12 @@ def split_host(value: str) -> tuple[str, str | None]:
     return value.rstrip("."), None
 
 
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
 def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
     """A ``Host`` a rebinding page cannot send: a loopback name, an IP address (a page whose origin is an
     address is that address's own), or a name given with ``--allowed-host`` (on any port: a rebinding
     page reaches the sidecar on the sidecar's own port anyway, so a port would protect nothing)."""
     name, _ = split_host(host)
-    return name in LOOPBACK_NAMES or _is_ip(name) or name in allowed
+    return name in LOOPBACK_NAMES or config.is_ip_address(name) or name in allowed
 
 
 def _same_origin(origin: str, host: str) -> bool:

@@ -68,7 +68,7 @@ def _allowed_host(value: str) -> str:
         problem = "give the host name alone, without a scheme (http://)"
     elif "/" in value:
         problem = "give the host name alone, without a path"
-    elif _is_ip_address(value.strip("[]")):
+    elif config.is_ip_address(value.strip("[]")):
         problem = "an IP address is always allowed: give host names only"
     elif ":" in value:
         problem = "give the host name without a port: every port of an allowed name is allowed"
@@ -79,14 +79,6 @@ def _allowed_host(value: str) -> str:
     if problem:
         raise argparse.ArgumentTypeError(f"{value!r}: {problem}")
     return name
-
-
-def _is_ip_address(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 LOOPBACK_PAIR = ("127.0.0.1", "::1")
@@ -101,7 +93,7 @@ def _bind_hosts(host: str) -> tuple[list[str], list[str]]:
     on with 127.0.0.1 alone (``serving.bind``'s ``optional``)."""
     if host.lower() == "localhost":
         first = LOOPBACK_PAIR[0]
-    elif _is_ip_address(host) and str(ipaddress.ip_address(host)) in LOOPBACK_PAIR:
+    elif config.is_ip_address(host) and str(ipaddress.ip_address(host)) in LOOPBACK_PAIR:
         first = str(ipaddress.ip_address(host))
     else:
         return [host], []
