@@ -1,6 +1,8 @@
 """Issue 12 end to end: the real multi-process SGLang server (CPU, from .venv/sglang/) with the plugin
 loaded through SGLang's own ``sglang.srt.plugins`` entry point, and the sidecar beside it. One server
-for the session (one to two minutes to start on 2 cores); `make test` and `make test-sglang` run these."""
+for this file (one to two minutes to start on 2 cores), ended with it: SGLang's scheduler polls its
+sockets without sleeping while idle (its ``--sleep-on-idle`` is off by default), a whole core that a
+session-long server took from every later test. `make test` and `make test-sglang` run these."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from sidecar_sglang.devtools import SglangStack, sglang_python
 pytestmark = pytest.mark.sglang
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sglang_stack(tiny_model, tmp_path_factory):
     """The sidecar and a real SGLang server (HTTP server, one scheduler, detokenizer) with the plugin."""
     try:
