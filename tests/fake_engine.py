@@ -1,6 +1,6 @@
 """A stand-in engine process for service tests: a real Probe and real torch work in a step loop.
 
-python tests/fake_engine.py ROLE [--rank K] [--steps-then-idle N] [--step-ms MS] [--slow-step-at N --slow-step-ms MS]
+python tests/fake_engine.py ROLE [--rank K] [--steps-then-idle N] [--idle-when FILE] [--step-ms MS] [--slow-step-at N --slow-step-ms MS]
                             [--device cuda --size N] [--grid-ms MS]
 
 With ``--device cuda`` a worker's step runs its matrix products on the GPU and its probe sees CUDA (tests/gpu).
@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+from pathlib import Path
 import threading
 import time
 
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("role")
     parser.add_argument("--rank", type=int, default=None)
     parser.add_argument("--steps-then-idle", type=int, default=None, help="take N working steps, then none")
+    parser.add_argument("--idle-when", type=Path, default=None, metavar="FILE",
+                        help="take working steps until FILE exists, then none (a test decides when the engine goes idle)")
     parser.add_argument("--step-ms", type=float, default=2.0)
     parser.add_argument("--slow-step-at", type=int, default=None, metavar="N",
                         help="working step N (and every later N-th) takes --slow-step-ms longer")
@@ -125,7 +128,8 @@ def main() -> None:
                         **known).start())
     taken = 0
     while True:
-        has_work = args.steps_then_idle is None or taken < args.steps_then_idle
+        has_work = ((args.steps_then_idle is None or taken < args.steps_then_idle)
+                    and (args.idle_when is None or not args.idle_when.exists()))
         if args.grid_ms:
             _wait_for_grid(args.grid_ms)
         probe.step_begin(has_work)
