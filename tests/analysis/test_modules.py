@@ -13,7 +13,6 @@ import torch
 
 from sidecar.analysis import analyze_path, format_report
 from sidecar.analysis.modules import ABSENT_NOTE, CATEGORIES, category_of, type_of
-from sidecar.devtools.local_model import build_model
 from sidecar.engine import ENGINE_CORE, WORKER
 from sidecar.probe.profiler_options import module_mode, stack_mode
 from sidecar.probe.recorder import StepCapture
@@ -24,11 +23,10 @@ from .conftest import TRACE_NAMES, trace_path
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
+def llama(tiny_model):
     from transformers import AutoModelForCausalLM
 
-    folder = build_model(tmp_path_factory.mktemp("model") / "tiny", size="tiny")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()  # the session's model
     return model, model.config.num_hidden_layers
 
 

@@ -10,18 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from sidecar.devtools.local_model import build_model
 from sidecar.module_timing import ModuleTimer, hook_count
 from sidecar.probe.module_job import ModuleTiming
 from sidecar.protocol import ModuleSpec
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
+def llama(tiny_model):
     from transformers import AutoModelForCausalLM
 
-    folder = build_model(tmp_path_factory.mktemp("model") / "tiny", size="tiny")
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()  # the session's model
 
 
 def forward(model):
