@@ -15,15 +15,17 @@ model: install
 demo: install model
 	$(PY) -m sidecar_vllm.demo --model $(MODEL)
 
-# SGLang's own venv too (.venv/sglang: about 10 minutes and 3.8 GB the first time, instant after): its
-# end-to-end tests are part of the suite (docs/sglang.md).
+# Every test that can run without a GPU: SGLang's end-to-end tests need its own venv (.venv/sglang: about
+# 10 minutes and 3.8 GB the first time, instant after; docs/sglang.md); the tensor-parallel, data-parallel
+# and two-server tests (the targets below run one of them alone) start servers of their own, last.
 test: install
 	@bash scripts/install-test-backends.sh
 	@bash scripts/install-browser.sh
 	@bash scripts/install-sglang.sh
-	$(PY) -m pytest -q -ra --durations=25 -m "not multi_server and not tensor_parallel and not data_parallel"
+	$(PY) -m pytest -q -ra --durations=25
 
 # Two real vLLM servers sharing one sidecar: engine instances (issue 14; two server starts, about 3 minutes).
+# Also part of `make test`, as are the next two.
 test-multi-server: install
 	$(PY) -m pytest -q -ra -m multi_server tests/e2e/test_vllm_two_servers.py
 

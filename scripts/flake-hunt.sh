@@ -59,7 +59,7 @@ bash scripts/install-test-backends.sh >/dev/null
 bash scripts/install-browser.sh >/dev/null
 bash scripts/install-sglang.sh >/dev/null
 if [ ${#pytest_args[@]} -eq 0 ]; then
-  # What `make test` runs: the same marker expression (every target but the GPU one, once #28 lands).
+  # What `make test` runs: its marker expression, where it has one (today none: every test but tests/gpu).
   pytest_args=(-m "$(sed -n 's/.*pytest .*-m "\([^"]*\)".*/\1/p' Makefile | head -1)")
   [ -n "${pytest_args[1]}" ] || pytest_args=()
 fi

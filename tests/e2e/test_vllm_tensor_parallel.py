@@ -9,29 +9,20 @@ The ranks' collectives are host ops there, not device kernels: gloo's ``c10d::al
 ranks section matches those per step (``basis`` ``host_collective``): arrival at each step's first one,
 and each rank's wait in them.
 
-One more vLLM start (about a minute on 2 cores), so not part of ``make test``:
-``make test-tensor-parallel`` runs it."""
+One more vLLM start (about a minute on 2 cores): ``make test`` runs it last (tests/conftest.py,
+``RUN_LAST``), ``make test-tensor-parallel`` alone. The server (``tp2_server``) is started by
+tests/e2e/conftest.py."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from parallel_server import parallel_server
+from parallel_server import wait_until_every_engine_process_steps
 from sidecar.client import SidecarClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.tensor_parallel]
 
 STEPS = 3
-PROCESSES = 4  # API server, engine core, two workers
-
-
-@pytest.fixture
-def tp2_server(tiny_model, tmp_path):
-    with parallel_server(tiny_model, tmp_path / "tp2", ("--tensor-parallel-size", "2"), PROCESSES,
-                         env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) as stack:
-        yield stack
 
 
 def test_a_capture_records_both_ranks_and_compares_them(tp2_server, background_load):
@@ -41,7 +32,7 @@ def test_a_capture_records_both_ranks_and_compares_them(tp2_server, background_l
     assert len({p["instance"] for p in procs}) == 1, procs  # one server: one instance, both ranks in it
 
     with background_load(tp2_server, concurrency=2, duration_s=60, max_tokens=32) as load:
-        time.sleep(2.0)
+        wait_until_every_engine_process_steps(client)
         status = client.wait(client.start(STEPS)["id"], timeout=120)
         load.stop()
     assert not load.join().failures
