@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from background_start import BackgroundStart
+from engine_zygote import Zygote
 from sidecar.devtools.local_model import build_model
 from sidecar.devtools.stack import Stack
 from sidecar.devtools.traffic import LoadResult, run_load
@@ -46,6 +47,16 @@ def pytest_collection_modifyitems(session, config, items):
 def _probe_trace_root(tmp_path_factory, monkeypatch):
     """Probes built in a test write under a folder of the test's, never the user's default trace root."""
     monkeypatch.setenv("SIDECAR_TRACE_DIR", str(tmp_path_factory.mktemp("probe-traces")))
+
+
+@pytest.fixture(scope="session")
+def engine_zygote():
+    """The process the stand-in engines are forked from (tests/engine_zygote.py), started at first use."""
+    zygote = Zygote()
+    try:
+        yield zygote
+    finally:
+        zygote.close()
 
 
 @pytest.fixture(scope="session")

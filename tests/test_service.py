@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_zygote import needs_own_interpreter
 from sidecar.service import arming
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.verdicts import FINAL
@@ -19,7 +20,7 @@ PROBE_TOKEN = "probe-secret-for-tests"
 
 
 @pytest.fixture
-def engines(tmp_path):
+def engines(tmp_path, engine_zygote):
     procs = []
 
     def spawn(url, role, *args, token=PROBE_TOKEN, env=None):
@@ -29,8 +30,11 @@ def engines(tmp_path):
         # starved the sidecar and the other engines' starts (a 32x32 product needs no second thread).
         env = dict(os.environ, SIDECAR_ENDPOINT=url, SIDECAR_TOKEN=token, SIDECAR_TOKEN_FILE=str(tmp_path / "none"),
                    SIDECAR_TRACE_DIR=str(tmp_path / "probe-root"), OMP_NUM_THREADS="1") | (env or {})
-        proc = subprocess.Popen([sys.executable, str(FAKE_ENGINE), role, *args], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if needs_own_interpreter(env):
+            proc = subprocess.Popen([sys.executable, str(FAKE_ENGINE), role, *args], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:  # forked from the session's zygote: no interpreter start, no torch import (tests/engine_zygote.py)
+            proc = engine_zygote.spawn([role, *args], env)
         procs.append(proc)
         return proc
 
