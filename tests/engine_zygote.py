@@ -3,8 +3,8 @@ the probe, instead of each started as a new interpreter. Not a test module.
 
 Why: a stand-in's start is mostly ``import torch`` and ``sidecar.probe`` (4 s of CPU on the 2-core host,
 ``/usr/bin/time .venv/bin/python -c "import torch; import sidecar.probe"``), and the suite starts
-one in each of dozens of tests (tests/test_service.py ``engines`` and every file that uses it) on a host
-whose two cores the suite keeps busy from start to end. A fork costs milliseconds.
+one in each of dozens of tests (tests/test_service.py ``engines`` and every file that uses it) on a 2-core
+host. A fork costs milliseconds.
 
 What a forked engine is: the zygote (``python tests/engine_zygote.py``, one per test session) imports
 what tests/fake_engine.py imports and waits on its stdin for ``{"argv": [...], "env": {...}}`` lines;
