@@ -120,17 +120,19 @@ def _run_last_servers(request, tiny_model, tmp_path_factory):
     one, the data-parallel one, and a second server on the session stack's sidecar (the two-server
     test's first server is the session's own, one start fewer). Each ends after its test, or with the
     session where its test did not run."""
-    wanted = {name for item in request.session.items for name in ("tensor_parallel", "data_parallel", "multi_server")
-              if item.get_closest_marker(name)}
+    # One start per run-last marker (tests/conftest.py RUN_LAST), in the order the tests run.
+    starters = {
+        "data_parallel": lambda: data_parallel_start(tiny_model, tmp_path_factory.mktemp("dp2")),
+        "tensor_parallel": lambda: tensor_parallel_start(tiny_model, tmp_path_factory.mktemp("tp2")),
+        "multi_server": lambda: second_server_start(tiny_model, tmp_path_factory.mktemp("second"),
+                                                    request.getfixturevalue("vllm_stack")),
+    }
+    wanted = {name for item in request.session.items for name in starters if item.get_closest_marker(name)}
     starts = {}
     try:
-        if "data_parallel" in wanted:
-            starts["data_parallel"] = data_parallel_start(tiny_model, tmp_path_factory.mktemp("dp2"))
-        if "tensor_parallel" in wanted:
-            starts["tensor_parallel"] = tensor_parallel_start(tiny_model, tmp_path_factory.mktemp("tp2"))
-        if "multi_server" in wanted:
-            starts["multi_server"] = second_server_start(tiny_model, tmp_path_factory.mktemp("second"),
-                                                         request.getfixturevalue("vllm_stack"))
+        for name, start in starters.items():
+            if name in wanted:
+                starts[name] = start()
         yield starts
     finally:
         for start in starts.values():
