@@ -16,10 +16,9 @@ pytestmark = pytest.mark.vllm
 
 def test_a_five_step_capture_shows_each_process_s_phases(vllm_stack, background_load, tmp_path):
     client = SidecarClient(vllm_stack.sidecar_url)
-    with background_load(vllm_stack, concurrency=4, duration_s=8) as load:
+    with background_load(vllm_stack, concurrency=4) as load:
         time.sleep(1.5)
         status = client.wait(client.start(5)["id"], timeout=120)
-        load.stop()  # recorded: the rest of the load's time would only be waited for
     assert not load.join().failures
     assert status["state"] == "done", status
     by_role = {p["role"]: p for p in status["processes"]}

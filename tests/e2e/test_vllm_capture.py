@@ -24,12 +24,11 @@ def merged_events(client: SidecarClient, status: dict, tmp_path) -> tuple[list[d
 
 def test_five_step_capture_records_every_process(vllm_stack, background_load, tmp_path):
     client = SidecarClient(vllm_stack.sidecar_url)
-    with background_load(vllm_stack, concurrency=4, duration_s=8) as load:
+    with background_load(vllm_stack, concurrency=4) as load:
         time.sleep(1.5)
         started = client.start(5)
         assert started["state"] in ("armed", "capturing")
         status = client.wait(started["id"], timeout=120)
-        load.stop()  # recorded: the rest of the load's time would only be waited for
     assert not load.join().failures
     assert status["state"] == "done", status
     roles = Counter(p["role"] for p in status["processes"])
@@ -68,11 +67,10 @@ def test_five_step_capture_records_every_process(vllm_stack, background_load, tm
 
 def test_second_and_third_captures_on_the_same_server(vllm_stack, background_load, tmp_path):
     client = SidecarClient(vllm_stack.sidecar_url)
-    with background_load(vllm_stack, concurrency=2, duration_s=10) as load:
+    with background_load(vllm_stack, concurrency=2) as load:
         time.sleep(1)
         first = client.wait(client.start(3, processes="worker")["id"], timeout=60)
         second = client.wait(client.start(2, delay=2, record_shapes=True)["id"], timeout=60)
-        load.stop()
     assert not load.join().failures
     assert first["state"] == "done" and [p["role"] for p in first["processes"]] == ["worker"]
     assert second["state"] == "done" and {p["steps_recorded"] for p in second["processes"] if p["role"] != "api_server"} == {2}
@@ -122,7 +120,7 @@ def test_start_during_a_capture_is_409(vllm_stack):
 def test_sidecar_killed_and_restarted_while_streaming(vllm_stack, background_load):
     # The load runs until the capture is over: an engine that goes idle mid-capture cannot stop
     # torch.profiler (it stops on the engine's own step), and this test is not about that.
-    with background_load(vllm_stack, concurrency=8, duration_s=120) as load:
+    with background_load(vllm_stack, concurrency=8) as load:
         time.sleep(2)
         vllm_stack.stop_sidecar(kill=True)
         time.sleep(3)
@@ -130,7 +128,6 @@ def test_sidecar_killed_and_restarted_while_streaming(vllm_stack, background_loa
         vllm_stack.wait_for_processes(3, timeout=30)
         client = SidecarClient(vllm_stack.sidecar_url)
         status = client.wait(client.start(3)["id"], timeout=60)
-        load.stop()
     result = load.join()
     assert status["state"] == "done", status
     assert len(result.results) > 8 and not result.failures, [r.error for r in result.failures][:3]

@@ -14,10 +14,9 @@ pytestmark = pytest.mark.vllm
 
 def test_a_capture_with_modules_times_the_models_real_layers(vllm_stack, background_load):
     client = SidecarClient(vllm_stack.sidecar_url)
-    with background_load(vllm_stack, concurrency=4, duration_s=10) as load:
+    with background_load(vllm_stack, concurrency=4) as load:
         time.sleep(1.5)
         status = client.wait(client.start(3, with_modules=True, processes="worker")["id"], timeout=120)
-        load.stop()  # recorded: the rest of the load's time would only be waited for
     assert not load.join().failures
     assert status["state"] == "done", status
     assert status["options"]["with_modules"] is True
@@ -45,12 +44,11 @@ def test_a_capture_with_modules_times_the_models_real_layers(vllm_stack, backgro
 
 def test_the_module_timing_job_names_the_real_layers_and_leaves_no_hook(vllm_stack, background_load):
     client = SidecarClient(vllm_stack.sidecar_url)
-    with background_load(vllm_stack, concurrency=4, duration_s=10) as load:
+    with background_load(vllm_stack, concurrency=4) as load:
         time.sleep(1.5)
         started = client.start_modules(4)
         assert [p.split(" (")[0] for p in started["processes"]] == ["worker rank 0"], started  # only the model's process
         job = client.wait(started["id"], timeout=120, path="/modules/")
-        load.stop()
     assert not load.join().failures, "no request failed while the hooks were in"
     assert job["state"] == "done", job
     assert job["clock"] == "cpu" and job["hooks_left"] == 0
@@ -68,9 +66,8 @@ def test_the_module_timing_job_names_the_real_layers_and_leaves_no_hook(vllm_sta
     assert sum(m["self_share"] for m in job["modules"]) == pytest.approx(1.0, abs=2e-3)
     assert rows[""]["share"] < 1.0 and job["forward_ms"] > rows[""]["total_ms"]
     # The worker serves on, and a capture after the job records its steps as before.
-    with background_load(vllm_stack, concurrency=2, duration_s=8) as load:
+    with background_load(vllm_stack, concurrency=2) as load:
         time.sleep(1)
         status = client.wait(client.start(2, processes="worker")["id"], timeout=120)
-        load.stop()
     assert not load.join().failures
     assert status["state"] == "done", status

@@ -19,7 +19,7 @@ TRACK = "python stacks (sampled)"
 
 def capture(vllm_stack, background_load, **params) -> dict:
     client = SidecarClient(vllm_stack.sidecar_url)
-    with background_load(vllm_stack, concurrency=4, duration_s=8) as load:
+    with background_load(vllm_stack, concurrency=4) as load:
         time.sleep(1.5)
         status = client.wait(client.start(5, **params)["id"], timeout=120)
     assert not load.join().failures

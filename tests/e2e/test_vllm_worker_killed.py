@@ -23,7 +23,7 @@ def test_a_worker_killed_mid_capture_gives_a_prompt_truthful_verdict(fixture_mod
     with fixture_models.use_up() as stack:
         client = SidecarClient(stack.sidecar_url)
         worker = next(p for p in client.request("GET", "/processes")["processes"] if p["role"] == "worker")
-        with background_load(stack, concurrency=4, duration_s=20) as load:
+        with background_load(stack, concurrency=4) as load:
             time.sleep(1.5)
             capture_id = client.start(400, timeout_s=300)["id"]
             deadline = time.monotonic() + 30

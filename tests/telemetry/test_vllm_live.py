@@ -176,7 +176,7 @@ def test_prometheus_scrapes_live_server_and_dashboards_have_data(traced_stack, t
         baseline_aborted = prometheus.value('sum(sidecar_requests_total{error_type="aborted"})')
         baseline_errors = prometheus.value('sum(sidecar_requests_total{error_type!=""})')
         baseline_steps = prometheus.value(WORKER_STEPS)
-        with background_load(traced_stack, concurrency=4, duration_s=8.0, max_tokens=24) as load:
+        with background_load(traced_stack, concurrency=4, max_tokens=24) as load:
             time.sleep(1.0)
             # A real capture while the load runs (the dashboards' capture panels), and one request the
             # client abandons after its first token (error.type=aborted).
@@ -254,7 +254,7 @@ def _wait_up(prometheus: Prometheus, timeout_s: float = 30.0) -> bool:
 
 def test_capture_span_links_the_requests_in_flight(traced_stack, phoenix, background_load):
     client = SidecarClient(traced_stack.sidecar_url)
-    with background_load(traced_stack, concurrency=4, duration_s=6) as load:
+    with background_load(traced_stack, concurrency=4) as load:
         time.sleep(1.5)
         capture = client.wait(client.start(3)["id"], timeout=60)
     result = load.join()
