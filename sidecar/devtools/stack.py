@@ -20,7 +20,7 @@ import urllib.request
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 from .. import config
 
@@ -51,6 +51,10 @@ class Stack:
     # Put before the sidecar's and the server's command lines: e.g. ``nsenter ...`` to run both in a
     # mount namespace where the trace dir is a small tmpfs (the full-disk test).
     launcher: tuple[str, ...] = ()
+    # The environment the processes start from (``env`` and the stack's own variables go on top); None:
+    # this process's at the moment of each start. A test suite starting a server on a thread while
+    # other tests change their environment gives the one of its own start.
+    base_env: Mapping[str, str] | None = None
     _server: subprocess.Popen | None = None
     _sidecar: subprocess.Popen | None = None
 
@@ -84,7 +88,7 @@ class Stack:
         return Path(given) if given else self.work_dir / "traces"
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = dict(os.environ if self.base_env is None else self.base_env)
         env.update(self.server_env(env))
         env.update({
             "HF_HUB_OFFLINE": "1",
