@@ -16,6 +16,7 @@ import torch
 
 from background_start import BackgroundStart
 from engine_zygote import Zygote
+from parallel_server import ServerChain, data_parallel_start, second_server_start, tensor_parallel_start
 from sidecar.devtools.local_model import build_model
 from sidecar.devtools.stack import Stack
 from sidecar.devtools.traffic import LoadResult, run_load
@@ -35,12 +36,26 @@ def pytest_report_header(config):
 # Tests that start a server of their own with several engine processes (tensor- and data-parallel ranks,
 # two servers on one sidecar) run last, where the session's other servers have ended (the shared e2e
 # stacks, SGLang) or sit idle (the session's vLLM stack): each is one to three minutes of server start on
-# 2 cores, which beside those servers' work took turns with them for the same cores.
+# 2 cores, which beside those servers' work took turns with them for the same cores. Their servers start
+# earlier, in the background, while tests that leave a core idle run (``_run_last_servers``).
 RUN_LAST = ("tensor_parallel", "data_parallel", "multi_server")
 
 
+# The test at whose start the run-last servers begin to start (``_run_last_servers``).
+_RUN_LAST_STARTS_AT = pytest.StashKey[str]()
+
+
+def _runs_last(item) -> bool:
+    return any(item.get_closest_marker(name) for name in RUN_LAST)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: any(item.get_closest_marker(name) for name in RUN_LAST))  # stable: order kept otherwise
+    items.sort(key=_runs_last)  # stable: order kept otherwise
+    if any(_runs_last(item) for item in items):
+        # The first test after the end-to-end ones, which load both cores with real servers' work; the
+        # folders after them (probe, service, telemetry, the top level) leave one core mostly idle.
+        e2e = [i for i, item in enumerate(items) if not _runs_last(item) and item.path.parent.name == "e2e"]
+        config.stash[_RUN_LAST_STARTS_AT] = items[e2e[-1] + 1 if e2e else 0].nodeid
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +77,56 @@ def engine_zygote():
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_model(tmp_path_factory.mktemp("model") / "tiny", size="tiny")
+
+
+@pytest.fixture(scope="session")
+def _run_last_servers(request, tiny_model, tmp_path_factory):
+    """The servers of the run-last tests, by marker, on one chain (tests/parallel_server.py): the
+    data-parallel and the tensor-parallel one start now, in the order their tests run; the second
+    server on the session stack's sidecar (the two-server test's first server is the session's own)
+    is added as the run-last tests begin (``_start_run_last_servers``). The fixtures of
+    tests/e2e/conftest.py close each after its test, and the session the rest."""
+    wanted = _run_last_markers(request.session.items)
+    # Looked up here, in the fixture's own setup; the second server's start needs the session stack up.
+    session_start = request.getfixturevalue("_vllm_stack_start") if "multi_server" in wanted else None
+    chain = ServerChain({
+        "data_parallel": lambda after: data_parallel_start(tiny_model, tmp_path_factory.mktemp("dp2"), after),
+        "tensor_parallel": lambda after: tensor_parallel_start(tiny_model, tmp_path_factory.mktemp("tp2"), after),
+        "multi_server": lambda after: second_server_start(tiny_model, tmp_path_factory.mktemp("second"),
+                                                          session_start.result(), after),
+    })
+    try:
+        for name in wanted:
+            if name not in JOINS_THE_SESSION_SIDECAR:
+                chain.start(name)
+        yield chain
+    finally:
+        chain.close()
+
+
+# The run-last server whose engine processes join the session stack's sidecar: started only when no test
+# of the session stack is left to run.
+JOINS_THE_SESSION_SIDECAR = ("multi_server",)
+
+
+def _run_last_markers(items) -> list[str]:
+    """The run-last markers of ``items``, in the order of their first test."""
+    names: list[str] = []
+    for item in items:
+        names += [name for name in RUN_LAST if item.get_closest_marker(name) and name not in names]
+    return names
+
+
+@pytest.fixture(autouse=True)
+def _start_run_last_servers(request):
+    """Begins the run-last servers' starts at the test chosen at collection (``_RUN_LAST_STARTS_AT``),
+    and adds the rest to the chain as the first run-last test begins."""
+    if request.node.nodeid == request.config.stash.get(_RUN_LAST_STARTS_AT, None):
+        request.getfixturevalue("_run_last_servers")
+    if _runs_last(request.node):
+        chain = request.getfixturevalue("_run_last_servers")
+        for name in _run_last_markers(request.session.items):
+            chain.start(name)
 
 
 def _collected_use(request, fixture: str) -> bool:

@@ -8,8 +8,9 @@ the stack ended, run alone or in another order, gets a fresh one). Files run in 
 - ``fault_stack``: test_vllm_disk_full.py, test_vllm_faults.py (the trace backend outage), then
   test_vllm_shutdown.py SIGTERMs its sidecar and its server.
 
-The tests that run last (tests/conftest.py, ``RUN_LAST``) have servers of their own, which all start
-together as the first of them begins (``_run_last_servers``, tests/e2e/parallel_server.py).
+The tests that run last (tests/conftest.py, ``RUN_LAST``) have servers of their own, started one after
+the other from the first test after this folder's (tests/conftest.py ``_run_last_servers``,
+tests/parallel_server.py); the fixtures below hand each to its test and close it after.
 
 Both start together as the first test of tests/e2e begins (each where a collected test needs it;
 ``_warm_shared_stacks``), on threads of their own: a start is mostly one core's work, so they overlap
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 import pytest
 
+from background_start import ENVIRON_AT_START
 from fault_tools import SMALL_DISK_FLOOR_MB, SMALL_DISK_MB, ReusedStack, SmallDisk
-from parallel_server import data_parallel_start, second_server_start, tensor_parallel_start
 from sidecar.devtools.stack import free_port
 from sidecar_vllm.devtools import VllmStack
 
@@ -37,7 +38,7 @@ def fixture_models_builder(tmp_path_factory) -> ReusedStack:
     def make(resources):
         work = tmp_path_factory.mktemp("fixture-models")
         model = make_model_dir(work / "model", planted=True)
-        return VllmStack(model_dir=model, work_dir=work / "stack", env={
+        return VllmStack(model_dir=model, work_dir=work / "stack", base_env=ENVIRON_AT_START, env={
             "SIDECAR_WATCHDOG_S": "3",
             "SIDECAR_SYNC_TREAT_CPU_AS_DEVICE": "1",
             ENV_HANG_RELEASE: str(work / "release-hang"),
@@ -62,6 +63,7 @@ def fault_stack_builder(tiny_model, tmp_path_factory) -> ReusedStack:
         resources.callback(disk.close)
         port = free_port()
         stack = VllmStack(model_dir=tiny_model, work_dir=work / "stack", launcher=disk.launcher,
+                          base_env=ENVIRON_AT_START,
                           sidecar_args=("--min-free-mb", str(SMALL_DISK_FLOOR_MB)), env={
                               "SIDECAR_TRACE_DIR": str(disk.folder),
                               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
@@ -112,31 +114,6 @@ def fault_stack(_shared_stacks) -> ReusedStack:
 def slow_token_stack(fixture_models):
     """The fixture-model server, serving."""
     return fixture_models.use()
-
-
-@pytest.fixture(scope="session")
-def _run_last_servers(request, tiny_model, tmp_path_factory):
-    """The servers of the run-last tests that were collected, all starting at once: the tensor-parallel
-    one, the data-parallel one, and a second server on the session stack's sidecar (the two-server
-    test's first server is the session's own, one start fewer). Each ends after its test, or with the
-    session where its test did not run."""
-    # One start per run-last marker (tests/conftest.py RUN_LAST), in the order the tests run.
-    starters = {
-        "data_parallel": lambda: data_parallel_start(tiny_model, tmp_path_factory.mktemp("dp2")),
-        "tensor_parallel": lambda: tensor_parallel_start(tiny_model, tmp_path_factory.mktemp("tp2")),
-        "multi_server": lambda: second_server_start(tiny_model, tmp_path_factory.mktemp("second"),
-                                                    request.getfixturevalue("vllm_stack")),
-    }
-    wanted = {name for item in request.session.items for name in starters if item.get_closest_marker(name)}
-    starts = {}
-    try:
-        for name, start in starters.items():
-            if name in wanted:
-                starts[name] = start()
-        yield starts
-    finally:
-        for start in starts.values():
-            start.close()
 
 
 def _used_then_closed(start):
