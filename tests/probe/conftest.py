@@ -3,8 +3,6 @@ the tests of a probe's link against the real thing rather than a stand-in."""
 
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -34,22 +32,3 @@ async def real_sidecar(tmp_path):
         yield RealSidecar(url=f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", probe_token=token)
     finally:
         await runner.cleanup()
-
-
-@contextmanager
-def _other_threads_held():
-    sys_switch = sys.getswitchinterval()
-    sys.setswitchinterval(60.0)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(sys_switch)
-
-
-@pytest.fixture
-def other_threads_held():
-    """A context in which no other Python thread of the test process gets the GIL (the code inside
-    must not block): a count of the process's objects (``gc.get_objects()``) before and after it is
-    then this thread's alone. Servers starting on threads of the test process beside such a test once
-    freed 19 objects between its two counts."""
-    return _other_threads_held
