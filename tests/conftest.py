@@ -17,6 +17,7 @@ import torch
 from background_start import BackgroundStart
 from engine_zygote import Zygote
 from parallel_server import ServerChain, data_parallel_start, second_server_start, tensor_parallel_start
+from sidecar.client import SidecarClient, SidecarError
 from sidecar.devtools.local_model import build_model
 from sidecar.devtools.stack import Stack
 from sidecar.devtools.traffic import LoadResult, run_load
@@ -207,8 +208,6 @@ def _no_job_left_running(request):
     yield
     if "vllm_stack" not in request.fixturenames:
         return
-    from sidecar.client import SidecarClient, SidecarError
-
     client = SidecarClient(request.getfixturevalue("vllm_stack").sidecar_url)
     left = []
     for stop, path in _JOB_PATHS:
