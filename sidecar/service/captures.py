@@ -145,7 +145,7 @@ class CaptureManager(JobManager[Capture]):
         self._adopt(restore_captures(trace_dir, render))
 
     def _create(self, request: CaptureRequest) -> Capture:
-        chosen = self._select(request, window_processes=True)
+        chosen = self._select(request)
         if "cuda" in request.activities and not any(c.identity.cuda for c in chosen):
             raise ParamError("activities", "cuda was asked for but no selected process has a CUDA device")
         # A capture on a full disk fails late and leaves half-written files: refuse it now.
@@ -165,6 +165,10 @@ class CaptureManager(JobManager[Capture]):
         # and of which processes, for the restarted one to list it truthfully (capture_index.py).
         self._save(capture)
         return capture
+
+    def _waits_for_returns(self, request: CaptureRequest) -> bool:
+        """Not a request's own capture: that request waits for it (request_captures.py)."""
+        return not isinstance(request, BoundCaptureRequest)
 
     def _arm_message(self, capture: Capture) -> Arm:
         return Arm(spec=capture.spec())

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, TypeVar
 
-from ..protocol import P_ARMED, P_DONE, P_FAILED, Begin, FromSidecar, JobReport, Stop
+from ..protocol import P_ARMED, P_DONE, P_FAILED, Begin, FromSidecar, JobReport, ProcessIdentity, Stop
 from . import arming
 from .job_states import ARMED, CANCELLED, FINAL, P_LOST
 from .jobs import CANCELLED_REASON, Job, JobKind, NoProbes, ProcessRun, cancelled, verdict
@@ -123,8 +123,13 @@ class JobManager(Generic[J]):
 
     # -- start and stop ----------------------------------------------------------------------------
     async def start(self, request: JobRequest) -> J:
+        if self._waits_for_returns(request):
+            # A link the sidecar dropped lately (a missed heartbeat on a starved host) is back within
+            # the probe's backoff: the job picks its processes after, not 30 ms before.
+            await self._registry.wait_for_returns()
         self._board.ensure_free()
         job = self._create(request)
+        self._name_the_lost(job, request)
         # No await between the check and here: a second start cannot slip in.
         self._jobs[job.id] = job
         self._active = job
@@ -138,7 +143,7 @@ class JobManager(Generic[J]):
         await self._progress(job)
         return job
 
-    def _select(self, request: JobRequest, *, window_processes: bool) -> list[ProbeConnection]:
+    def _select(self, request: JobRequest) -> list[ProbeConnection]:
         """The connected processes ``request`` selects; at least one must be step-driven. Window
         processes (an API server) record the time the step-driven ones record, where the kind can."""
         conns = self._registry.all()
@@ -151,7 +156,24 @@ class JobManager(Generic[J]):
         if not any(c.identity.step_driven for c in chosen):
             have = ", ".join(c.identity.label for c in conns)
             raise ParamError("processes", f"selects no engine core or worker among the connected processes ({have})")
-        return chosen if window_processes else [c for c in chosen if c.identity.step_driven]
+        return chosen if self.kind.window_processes else [c for c in chosen if c.identity.step_driven]
+
+    def _selects(self, request: JobRequest, identity: ProcessIdentity) -> bool:
+        return (request.selects(identity.role, identity.rank, identity.instance)
+                and (identity.step_driven or self.kind.window_processes))
+
+    def _waits_for_returns(self, request: JobRequest) -> bool:
+        """Whether the start waits (``RETURN_WAIT_S`` at most) for processes whose link just dropped."""
+        return True
+
+    def _name_the_lost(self, job: J, request: JobRequest) -> None:
+        """A process the request selects whose link dropped lately and is not back is not in the job:
+        said in its notes, not left for the reader to count (a capture otherwise ends "done")."""
+        now = time.monotonic()
+        for lost in self._registry.recently_lost():
+            if self._selects(request, lost.identity):
+                job.notes.append(f"{lost.identity.label} lost its link to the sidecar {now - lost.lost_at:.1f} s "
+                                 f"before this {self.kind.name} began and had not reconnected: it is not in it")
 
     async def stop(self, reason: str = "stopped by request") -> J | None:
         """The user's stop of the running job (None: none runs). A job that has recorded no step

@@ -32,6 +32,8 @@ class JobKind:
     report: type  # the probe's report struct for this kind
     recorded: str  # the verb of a shortfall: "recorded 3 of 5 steps"
     grace_error: str  # why a process that did not stop in the grace period is lost
+    # Whether window processes (an API server) take part, recording the time the step-driven ones record.
+    window_processes: bool = False
 
     def new_id(self) -> str:
         """``YYYYmmdd-HHMMSS-xxxxxx`` (UTC, 3 random bytes) after the kind's prefix (docs/api.md)."""
@@ -46,6 +48,7 @@ CAPTURE = JobKind(
     process_states=st.CAPTURE_PROCESS_STATES, report=CaptureReport, recorded="recorded",
     grace_error=("did not stop within the grace period: torch.profiler can only stop on the engine's "
                  "own step, and this process took no step (idle engine?)"),
+    window_processes=True,
 )
 SCAN = JobKind(
     name="scan", id_prefix="s", running=st.SCANNING, states=st.SCAN_STATES,

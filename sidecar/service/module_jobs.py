@@ -142,7 +142,7 @@ class ModuleManager(SavedAsOneFile, JobManager[ModuleJob]):
         self._adopt(self._restore())
 
     def _create(self, request: JobRequest) -> ModuleJob:
-        chosen = self._select(request, window_processes=False)
+        chosen = self._select(request)
         with_model = [c for c in chosen if c.identity.extra.get(MODEL_EXTRA)]
         if not with_model:
             if not any(c.identity.extra.get(MODEL_EXTRA) for c in self._registry.all()):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -20,6 +22,29 @@ log = logging.getLogger(__name__)
 # Two counts closer than this give no rate: the heartbeat comes every 2 s, and a shorter interval
 # measured on the sidecar's side is mostly the jitter of delivery.
 MIN_RATE_INTERVAL_S = 0.5
+
+# A process whose link dropped is remembered this long unless it reconnects, so that a job started
+# meanwhile names it rather than ending without it and without a word; at most this many, whatever the churn.
+RECENTLY_LOST_S = 30.0
+MAX_RECENTLY_LOST = 256
+# A job waits this long at most after a loss for the process to reconnect (job_manager.py): above the
+# probe's reconnect backoff (2 s at most, probe/link.py), so that a link the sidecar dropped (a missed
+# websocket heartbeat on a starved host) is back, and in the job, before the job picks its processes.
+RETURN_WAIT_S = 3.0
+
+
+@dataclass(frozen=True)
+class LostProcess:
+    identity: ProcessIdentity
+    lost_at: float  # time.monotonic()
+
+    def key(self) -> tuple:
+        return _process_key(self.identity)
+
+
+def _process_key(identity: ProcessIdentity) -> tuple:
+    """One process across its connections: a reconnect says the same."""
+    return identity.host, identity.pid, identity.role, identity.rank
 
 
 @dataclass(eq=False)
@@ -125,6 +150,8 @@ class ProbeRegistry:
         self._ids = itertools.count(1)
         self._probes: dict[int, ProbeConnection] = {}
         self._listeners: list[HeartbeatListener] = []
+        self._lost: OrderedDict[tuple, LostProcess] = OrderedDict()  # oldest first
+        self._returned = asyncio.Event()
 
     def on_heartbeat(self, listener: HeartbeatListener) -> None:
         """Call ``listener(conn, arrived)`` after each heartbeat is taken (``arrived``: ``time.monotonic()``
@@ -143,10 +170,42 @@ class ProbeRegistry:
     def add(self, identity: ProcessIdentity, ws: web.WebSocketResponse, shares_files: bool = True) -> ProbeConnection:
         conn = ProbeConnection(next(self._ids), identity, ws, shares_files=shares_files)
         self._probes[conn.id] = conn
+        if self._lost.pop(_process_key(identity), None) is not None:
+            self._returned.set()
         return conn
 
     def remove(self, conn: ProbeConnection) -> None:
-        self._probes.pop(conn.id, None)
+        if self._probes.pop(conn.id, None) is None:
+            return
+        key = _process_key(conn.identity)
+        if not any(_process_key(c.identity) == key for c in self._probes.values()):
+            self._lost.pop(key, None)
+            self._lost[key] = LostProcess(conn.identity, time.monotonic())
+            while len(self._lost) > MAX_RECENTLY_LOST:
+                self._lost.popitem(last=False)
+
+    def recently_lost(self, now: float | None = None) -> list[LostProcess]:
+        """The processes whose link dropped in the last ``RECENTLY_LOST_S`` before ``now``
+        (``time.monotonic()``) and that have not reconnected, oldest loss first."""
+        now = time.monotonic() if now is None else now
+        while self._lost and now - next(iter(self._lost.values())).lost_at > RECENTLY_LOST_S:
+            self._lost.popitem(last=False)
+        return list(self._lost.values())
+
+    async def wait_for_returns(self, within_s: float | None = None) -> None:
+        """Until every process lost in the last ``within_s`` (default ``RETURN_WAIT_S``) has
+        reconnected, or ``within_s`` has passed since its loss: ``within_s`` at most."""
+        within_s = RETURN_WAIT_S if within_s is None else within_s
+        while True:
+            now = time.monotonic()
+            left = [lost.lost_at + within_s - now for lost in self.recently_lost() if now - lost.lost_at < within_s]
+            if not left:
+                return
+            self._returned.clear()
+            try:
+                await asyncio.wait_for(self._returned.wait(), max(left))
+            except asyncio.TimeoutError:
+                return
 
     def all(self) -> list[ProbeConnection]:
         """Connected processes in listing order (``ProcessIdentity.sort_key``: window processes,

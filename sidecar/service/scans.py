@@ -106,7 +106,7 @@ class ScanManager(SavedAsOneFile, JobManager[Scan]):
             if baseline is None:
                 raise ParamError("baseline", f"no saved scan {request.baseline!r} (see /syncs)")
         # The API server takes no steps: only step-driven processes are scanned.
-        chosen = self._select(request, window_processes=False)
+        chosen = self._select(request)
         return Scan(
             id=self.kind.new_id(), request=request,
             processes=[ScanProcess(conn=c, identity=c.identity) for c in chosen],
