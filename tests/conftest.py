@@ -1,6 +1,7 @@
 """Shared fixtures. The real vLLM stack is started once per test session: on a thread of its own as
 the session begins, where a collected test uses it, so that its start (one core's work, 40-70 s on a
-2-core host) overlaps the first tests (trace analysis, one core's work too). Where a collected test
+2-core host) overlaps the first tests (trace analysis, one core's work too); the e2e tests' two shared
+stacks start one after the other behind it (``_shared_stacks``). Where a collected test
 reads spans from Arize Phoenix (tests/telemetry), Phoenix starts with the session too and that same
 stack exports its spans there: one server start less than a stack of their own (66 s on CI)."""
 
@@ -16,7 +17,9 @@ import torch
 
 from background_start import BackgroundStart
 from engine_zygote import Zygote
-from parallel_server import ServerChain, data_parallel_start, second_server_start, tensor_parallel_start
+from parallel_server import (ServerChain, data_parallel_start, second_server_start, sglang_start,
+                             tensor_parallel_start)
+from shared_stacks import fault_stack_builder, fixture_models_builder
 from sidecar.client import SidecarClient, SidecarError
 from sidecar.devtools.local_model import build_model
 from sidecar.devtools.stack import Stack
@@ -34,12 +37,12 @@ def pytest_report_header(config):
     return None if GPU_TESTS else "tests/gpu not collected: no CUDA device (docs/gpu.md has its last run)"
 
 
-# Tests that start a server of their own with several engine processes (tensor- and data-parallel ranks,
-# two servers on one sidecar) run last, where the session's other servers have ended (the shared e2e
-# stacks, SGLang) or sit idle (the session's vLLM stack): each is one to three minutes of server start on
-# 2 cores, which beside those servers' work took turns with them for the same cores. Their servers start
-# earlier, in the background, while tests that leave a core idle run (``_run_last_servers``).
-RUN_LAST = ("tensor_parallel", "data_parallel", "multi_server")
+# Tests that start a server of their own (SGLang; tensor- and data-parallel ranks; two servers on one
+# sidecar) run last, where the session's other servers have ended (the shared e2e stacks) or sit idle
+# (the session's vLLM stack): each is one to three minutes of server start on 2 cores, which beside
+# those servers' work took turns with them for the same cores. Their servers start earlier, in the
+# background, while tests that leave a core idle run (``_run_last_servers``).
+RUN_LAST = ("sglang", "tensor_parallel", "data_parallel", "multi_server")
 
 
 # The test at whose start the run-last servers begin to start (``_run_last_servers``).
@@ -82,32 +85,26 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def _run_last_servers(request, tiny_model, tmp_path_factory):
-    """The servers of the run-last tests, by marker, on one chain (tests/parallel_server.py): the
-    data-parallel and the tensor-parallel one start now, in the order their tests run; the second
-    server on the session stack's sidecar (the two-server test's first server is the session's own)
-    is added as the run-last tests begin (``_start_run_last_servers``). The fixtures of
-    tests/e2e/conftest.py close each after its test, and the session the rest."""
+    """The servers of the run-last tests, by marker, on one chain (tests/parallel_server.py), started
+    now in the order their tests run. The second vLLM server's probes join the session stack's sidecar
+    only when its test opens their relay (tests/e2e/conftest.py ``second_server``). The fixtures of
+    tests/e2e/conftest.py close each after its tests, and the session the rest."""
     wanted = _run_last_markers(request.session.items)
-    # Looked up here, in the fixture's own setup; the second server's start needs the session stack up.
+    # Looked up here, in the fixture's own setup (the second server's probes read its sidecar's token).
     session_start = request.getfixturevalue("_vllm_stack_start") if "multi_server" in wanted else None
     chain = ServerChain({
+        "sglang": lambda after: sglang_start(tiny_model, tmp_path_factory.mktemp("sglang-stack"), after),
         "data_parallel": lambda after: data_parallel_start(tiny_model, tmp_path_factory.mktemp("dp2"), after),
         "tensor_parallel": lambda after: tensor_parallel_start(tiny_model, tmp_path_factory.mktemp("tp2"), after),
         "multi_server": lambda after: second_server_start(tiny_model, tmp_path_factory.mktemp("second"),
-                                                          session_start.result(), after),
+                                                          session_start, after),
     })
     try:
         for name in wanted:
-            if name not in JOINS_THE_SESSION_SIDECAR:
-                chain.start(name)
+            chain.start(name)
         yield chain
     finally:
         chain.close()
-
-
-# The run-last server whose engine processes join the session stack's sidecar: started only when no test
-# of the session stack is left to run.
-JOINS_THE_SESSION_SIDECAR = ("multi_server",)
 
 
 def _run_last_markers(items) -> list[str]:
@@ -121,13 +118,9 @@ def _run_last_markers(items) -> list[str]:
 @pytest.fixture(autouse=True)
 def _start_run_last_servers(request):
     """Begins the run-last servers' starts at the test chosen at collection (``_RUN_LAST_STARTS_AT``),
-    and adds the rest to the chain as the first run-last test begins."""
-    if request.node.nodeid == request.config.stash.get(_RUN_LAST_STARTS_AT, None):
+    or at the first run-last test where that one did not run."""
+    if request.node.nodeid == request.config.stash.get(_RUN_LAST_STARTS_AT, None) or _runs_last(request.node):
         request.getfixturevalue("_run_last_servers")
-    if _runs_last(request.node):
-        chain = request.getfixturevalue("_run_last_servers")
-        for name in _run_last_markers(request.session.items):
-            chain.start(name)
 
 
 def _collected_use(request, fixture: str) -> bool:
@@ -183,11 +176,37 @@ def _vllm_stack_start(request, tiny_model, tmp_path_factory):
         start.close()
 
 
+@pytest.fixture(scope="session")
+def _shared_stacks(request, tiny_model, tmp_path_factory):
+    """The end-to-end tests' shared stacks (tests/shared_stacks.py), each warming where a collected test
+    uses it, one after the other behind the session stack's start: mostly one core's work each, beside
+    the trace analysis tests, one core's too (started with the first e2e test, they took turns with
+    its servers for both cores)."""
+    stacks = {"fixture_models": fixture_models_builder(tmp_path_factory),
+              "fault_stack": fault_stack_builder(tiny_model, tmp_path_factory)}
+    try:
+        after = request.getfixturevalue("_vllm_stack_start") if _collected_use(request, "vllm_stack") else None
+        for name, reused in stacks.items():
+            if _collected_use(request, name):
+                reused.warm(after=after)
+                after = reused
+        yield stacks
+    finally:
+        for reused in stacks.values():
+            reused.close()
+
+
+SHARED_STACKS = ("fixture_models", "fault_stack")
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _early_vllm_stack(request):
-    """The session's vLLM stack starts with the session where some collected test uses it."""
+def _early_stacks(request):
+    """The session's vLLM stack, then the shared e2e stacks, start with the session where some
+    collected test uses them."""
     if _collected_use(request, "vllm_stack"):
         request.getfixturevalue("_vllm_stack_start")
+    if any(_collected_use(request, name) for name in SHARED_STACKS):
+        request.getfixturevalue("_shared_stacks")
 
 
 @pytest.fixture(scope="session")

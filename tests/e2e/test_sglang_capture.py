@@ -1,8 +1,9 @@
 """Issue 12 end to end: the real multi-process SGLang server (CPU, from .venv/sglang/) with the plugin
 loaded through SGLang's own ``sglang.srt.plugins`` entry point, and the sidecar beside it. One server
-for this file (one to two minutes to start on 2 cores), ended with it: SGLang's scheduler polls its
-sockets without sleeping while idle (its ``--sleep-on-idle`` is off by default), a whole core that a
-session-long server took from every later test. `make test` and `make test-sglang` run these."""
+for this file (one to two minutes to start on 2 cores), ended with it, started in the background before
+(``sglang_stack``: tests/e2e/conftest.py, tests/parallel_server.py) with ``--sleep-on-idle``, since its
+scheduler polls its sockets without sleeping while idle otherwise: a whole core taken from the tests
+that run meanwhile. `make test` runs these last, `make test-sglang` alone."""
 
 from __future__ import annotations
 
@@ -15,23 +16,8 @@ from collections import Counter
 import pytest
 
 from sidecar.client import SidecarClient
-from sidecar_sglang.devtools import SglangStack, sglang_python
 
 pytestmark = pytest.mark.sglang
-
-
-@pytest.fixture(scope="module")
-def sglang_stack(tiny_model, tmp_path_factory):
-    """The sidecar and a real SGLang server (HTTP server, one scheduler, detokenizer) with the plugin."""
-    try:
-        python = sglang_python()
-    except FileNotFoundError as exc:  # a missing venv is a broken setup, not a reason to skip
-        pytest.fail(str(exc), pytrace=False)
-    stack = SglangStack(model_dir=tiny_model, work_dir=tmp_path_factory.mktemp("sglang-stack"), python=python)
-    try:
-        yield stack.start()
-    finally:
-        stack.close()
 
 
 def test_three_step_capture_records_scheduler_and_http_server_with_their_phases(sglang_stack, background_load,

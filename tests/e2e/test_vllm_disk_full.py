@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fault_tools import SMALL_DISK_FLOOR_MB as FLOOR_MB
+from shared_stacks import SMALL_DISK_FLOOR_MB as FLOOR_MB
 from sidecar.client import SidecarClient, SidecarError
 from sidecar.service.disk_space import NO_SPACE, tree_bytes
 

@@ -36,7 +36,8 @@ from sidecar.devtools.traffic import stream_one
 from sidecar.service.capture_index import INTERRUPTED
 from sidecar_vllm.devtools import VllmStack
 
-from fault_tools import LoopThread, Relay, Squatter, token_forms, tree
+from fault_tools import Squatter, token_forms, tree
+from relay import LoopThread, Relay
 
 pytestmark = pytest.mark.vllm
 
