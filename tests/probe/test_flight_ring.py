@@ -11,7 +11,6 @@ import logging
 import sys
 import threading
 import time
-import tracemalloc
 
 import pytest
 
@@ -28,6 +27,8 @@ from sidecar.flight_ring import (
     _PackedRows,
     capacity_from_environment,
 )
+
+from .held_blocks import blocks_held
 
 
 def record(ring: StepRing, step: int, **counts) -> None:
@@ -237,24 +238,14 @@ def test_end_holds_nothing_more_per_step():
     ring = StepRing(1024)
     for step in range(100):  # warm up: the interpreter's specialisations, first allocations
         record(ring, step, batch=1, tokens=2)
-    # What the ring's own code allocated and still holds, not a count of the whole process's objects:
-    # servers starting on threads of the test process beside this test once freed 19 of those between
-    # two counts (tracemalloc attributes each block to the line that allocated it). The ring holds its
-    # counter (one int, replaced each step); 10,000 more steps must hold no more.
-    def steps(first: int, count: int) -> int:
+    # The ring holds its counter (one int, replaced each step); 10,000 more steps must hold no more.
+    def steps(first: int, count: int) -> None:
         for step in range(first, first + count):
             ring.begin()
             ring.end(step, True, batch=8, tokens=step * 7, prefill_tokens=5, decode_tokens=3, running=8,
                      waiting=0)
-        held = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, flight_ring.__file__)])
-        return sum(stat.count for stat in held.statistics("lineno"))
 
-    tracemalloc.start()
-    try:
-        after_some = steps(0, 1_000)
-        after_more = steps(1_000, 10_000)
-    finally:
-        tracemalloc.stop()
+    after_some, after_more = blocks_held(steps, flight_ring.__file__)
     assert after_more <= after_some <= 1
 
 

@@ -4,13 +4,14 @@ state, or the recorder would say something other than what happened."""
 
 from __future__ import annotations
 
-import tracemalloc
 from pathlib import Path
 
 import sidecar
 from sidecar.flight_ring import StepRing
 from sidecar.probe import Probe
 from sidecar_vllm.profile import VLLM_PROFILE
+
+from .held_blocks import blocks_held
 
 SIDECAR_CODE = str(Path(sidecar.__file__).parent / "*")
 
@@ -95,22 +96,12 @@ def test_the_inline_write_holds_nothing_more_per_step():
     probe = _probe(64)
     try:
         _through_probe(probe, STEPS)  # every path warmed before counting
-        # What the project's own code allocated and still holds (tracemalloc, by the line that allocated
-        # each block), not a count of the whole process's objects, which servers starting on threads
-        # of the test process change between two counts (tests/probe/test_flight_ring.py).
-        def steps(first: int, count: int) -> int:
+        def steps(first: int, count: int) -> None:
             for n in range(first, first + count):
                 probe.step_begin(True, n + 1)
                 probe.step_end(True, 8, 8, 0, 8, -1, -1, n + 2)
-            held = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, SIDECAR_CODE)])
-            return sum(stat.count for stat in held.statistics("lineno"))
 
-        tracemalloc.start()
-        try:
-            after_some = steps(0, 1_000)
-            after_more = steps(1_000, 10_000)
-        finally:
-            tracemalloc.stop()
+        after_some, after_more = blocks_held(steps, SIDECAR_CODE)  # all of sidecar/, the probe's and the ring's
         assert after_more <= after_some, (after_some, after_more)
     finally:
         probe.close()
