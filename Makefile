@@ -18,11 +18,12 @@ demo: install model
 # Every test that can run without a GPU: SGLang's end-to-end tests need its own venv (.venv/sglang: about
 # 10 minutes and 3.8 GB the first time, instant after; docs/sglang.md); the tensor-parallel, data-parallel
 # and two-server tests (the targets below run one of them alone) start servers of their own, last.
+# Two pytest processes side by side (scripts/run-tests.sh): the tests of real servers, and the rest.
 test: install
 	@bash scripts/install-test-backends.sh
 	@bash scripts/install-browser.sh
 	@bash scripts/install-sglang.sh
-	$(PY) -m pytest -q -ra --durations=25
+	bash scripts/run-tests.sh
 
 # Two real vLLM servers sharing one sidecar: engine instances (issue 14; two server starts, about 3 minutes).
 # Also part of `make test`, as are the next two.

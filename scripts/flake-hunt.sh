@@ -58,12 +58,6 @@ make --no-print-directory install >/dev/null
 bash scripts/install-test-backends.sh >/dev/null
 bash scripts/install-browser.sh >/dev/null
 bash scripts/install-sglang.sh >/dev/null
-if [ ${#pytest_args[@]} -eq 0 ]; then
-  # What `make test` runs: its marker expression, where it has one (today none: every test but tests/gpu).
-  pytest_args=(-m "$(sed -n 's/.*pytest .*-m "\([^"]*\)".*/\1/p' Makefile | head -1)")
-  [ -n "${pytest_args[1]}" ] || pytest_args=()
-fi
-
 if [ "$hog" = 1 ]; then
   if command -v stress-ng >/dev/null 2>&1; then
     stress-ng --cpu 1 --quiet & hog_pid=$!
@@ -76,11 +70,11 @@ fi
 for i in $(seq 1 "$runs"); do
   start=$(date +%s)
   set +e
-  CI=true .venv/bin/python -m pytest -q -p no:cacheprovider --junitxml="$results/run-$i.xml" \
-    "${pytest_args[@]}" >"$results/run-$i.log" 2>&1
+  # What `make test` runs (both parts side by side), or just PYTEST_ARGS in one process.
+  CI=true bash scripts/run-tests.sh --junit-dir "$results/run-$i" "${pytest_args[@]}" >"$results/run-$i.log" 2>&1
   rc=$?
   set -e
-  echo "flake-hunt: run $i of $runs: exit $rc, $(( $(date +%s) - start )) s; $(tail -1 "$results/run-$i.log")" >&2
+  echo "flake-hunt: run $i of $runs: exit $rc, $(( $(date +%s) - start )) s; $(grep -E ' in [0-9.]+s( \(|$)' "$results/run-$i.log" | paste -sd ';')" >&2
 done
 
-.venv/bin/python scripts/flake_report.py "$results"/run-*.xml
+.venv/bin/python scripts/flake_report.py "$results"/run-*/

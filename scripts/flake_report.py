@@ -1,9 +1,11 @@
-"""What scripts/flake-hunt.sh prints at the end: every test that failed or errored in any of the runs'
-JUnit files, how many runs it failed in, and its first failure message. Exit 1 when there is any."""
+"""What scripts/flake-hunt.sh prints at the end: every test that failed or errored in any of the runs, how
+many runs it failed in, and its first failure message. Exit 1 when there is any. A run is a folder of
+JUnit files (scripts/run-tests.sh writes one per part) or one JUnit file."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
@@ -22,6 +24,20 @@ def failures(path: str) -> dict[str, str]:
     return found
 
 
+def run_failures(path: str) -> dict[str, str]:
+    """The failures of one run: its JUnit file, or those of every JUnit file in its folder."""
+    run = Path(path)
+    if not run.is_dir():
+        return failures(path)
+    files = sorted(run.glob("*.xml"))
+    if not files:
+        raise OSError(f"no JUnit file in {run}")
+    found: dict[str, str] = {}
+    for file in files:
+        found |= failures(str(file))
+    return found
+
+
 def main(paths: list[str]) -> int:
     if not paths:
         print("flake_report: no JUnit files given", file=sys.stderr)
@@ -29,12 +45,12 @@ def main(paths: list[str]) -> int:
     seen: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for run, path in enumerate(paths, 1):
         try:
-            run_failures = failures(path)
+            found = run_failures(path)
         except (OSError, ET.ParseError) as exc:
             print(f"run {run}: no results ({path}: {exc}): the run itself failed, see its log", file=sys.stderr)
             seen["<the run itself>"].append((run, str(exc)))
             continue
-        for test, message in run_failures.items():
+        for test, message in found.items():
             seen[test].append((run, message))
     if not seen:
         print(f"flake-hunt: no test failed in {len(paths)} runs")

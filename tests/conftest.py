@@ -53,7 +53,39 @@ def _runs_last(item) -> bool:
     return any(item.get_closest_marker(name) for name in RUN_LAST)
 
 
+# `make test` runs the suite as two pytest processes side by side (scripts/run-tests.sh): the top-level
+# files that use none of the session's servers (fake engines and in-process sidecars, mostly waiting for
+# heartbeats and steps: one core a third used) in one, everything else in the other. Run one after the
+# other, those files were the last five minutes of the run, on one core of two. Each test is in exactly
+# one part; `--part all`, the default, is the whole suite in one process.
+SHARED_STACKS = ("fixture_models", "fault_stack")
+SERVER_FIXTURES = ("vllm_stack", "_vllm_stack_start", "phoenix", *SHARED_STACKS)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--part", choices=("all", "main", "side"), default="all",
+                     help="main: every test but the side part's; side: the top-level test files' tests that "
+                          "use no session server (scripts/run-tests.sh runs the two side by side)")
+
+
+def in_side_part(item) -> bool:
+    return (item.path.parent == Path(__file__).parent and not _runs_last(item)
+            and not any(name in item.fixturenames for name in SERVER_FIXTURES))
+
+
+def _keep_part(config, items) -> None:
+    part = config.getoption("--part")
+    if part == "all":
+        return
+    keep = [item for item in items if in_side_part(item) == (part == "side")]
+    if len(keep) < len(items):
+        kept = set(map(id, keep))
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(session, config, items):
+    _keep_part(config, items)
     items.sort(key=_runs_last)  # stable: order kept otherwise
     if any(_runs_last(item) for item in items):
         # The first test after the end-to-end ones, which load both cores with real servers' work; the
@@ -194,9 +226,6 @@ def _shared_stacks(request, tiny_model, tmp_path_factory):
     finally:
         for reused in stacks.values():
             reused.close()
-
-
-SHARED_STACKS = ("fixture_models", "fault_stack")
 
 
 @pytest.fixture(scope="session", autouse=True)
