@@ -57,8 +57,8 @@ def _peak():
 atexit.register(_peak)
 """
 
-# The same for the sidecar's commands, which fork: ``sidecar diff`` reads B in a child (sidecar/analysis/pair.py),
-# ``sidecar analyze`` reads a large file's head in one (sidecar/analysis/halves.py). The child's peak (ru_maxrss
+# The same for the sidecar's commands, which fork: ``sidecar diff`` reads B in a child (sidecar/analysis/diff/pair.py),
+# ``sidecar analyze`` reads a large file's head in one (sidecar/analysis/reader/halves.py). The child's peak (ru_maxrss
 # of the reaped children) is added to the process's own, an upper bound of the two together, as the pages the
 # child shares with its parent from the fork count twice. HTA keeps the prelude above: its figures have always
 # been its main process's.

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
-from sidecar.client import SidecarClient  # noqa: E402
-from sidecar.devtools.local_model import build_model  # noqa: E402
+from sidecar.cli.client import SidecarClient  # noqa: E402
+from sidecar.cli.make_model import build_model  # noqa: E402
 from sidecar.devtools.traffic import LoadResult, run_load  # noqa: E402
 from sidecar_vllm.devtools import VllmStack as Stack  # noqa: E402
 

@@ -9,7 +9,7 @@ worst gap in an equally long window just before it. Then a server without the pl
 
 Also per option: the capture's trace size, its end-to-end time (start to summary), and for sampled
 stacks the sampler's CPU time per recorded step in the engine core and the worker, and in every
-process its samples and its achieved / target rate (the API server's is capped, recorder.py). And where each
+process its samples and its achieved / target rate (the API server's is capped, sidecar/probe/capture/profiler.py). And where each
 round's worst gap came from (capture_anatomy.py): the engine core's and the worker's steps it spans,
 named by their place in the capture (start, recorded, stop, after the stop while exporting), from the
 flight recorder, beside the capture's timeline.
@@ -48,8 +48,8 @@ sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "plugins")]
 from bench_capture import CONCURRENCY, MAX_TOKENS, load_for  # noqa: E402
 from capture_anatomy import StatePoller, anatomy, describe, worst_gap  # noqa: E402
 from sidecar.devtools.traffic import run_load  # noqa: E402
-from sidecar.client import SidecarClient  # noqa: E402
-from sidecar.devtools.local_model import build_model  # noqa: E402
+from sidecar.cli.client import SidecarClient  # noqa: E402
+from sidecar.cli.make_model import build_model  # noqa: E402
 from sidecar_vllm.devtools import VllmStack as Stack  # noqa: E402
 
 CONTROL = "no capture (control)"

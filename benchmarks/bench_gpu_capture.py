@@ -11,7 +11,7 @@ vLLM here (this host has no vLLM for CUDA); docs/benchmarks.md has the same meas
 Captures record the API server and the worker (`processes=api_server,worker`; the option without the
 API server, `processes=worker`): the stand-in's engine core and worker step on their own clocks, so
 their working-step counts drift apart, while the sidecar's common start step assumes, as in vLLM, that
-every process of an engine counts the same steps (sidecar/service/arming.py). Captured together, each
+every process of an engine counts the same steps (sidecar/service/jobs/arming.py). Captured together, each
 capture would wait longer for the worker to reach the engine core's count.
 
 python benchmarks/bench_gpu_capture.py [--rounds 3] [--out bench-results/gpu_capture.json]

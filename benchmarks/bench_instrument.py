@@ -1,6 +1,6 @@
 """Per-step cost of the public API (``sidecar.instrument``) against the layer under it (the probe's own
 ``step_begin``/``step_end``, which the vLLM and SGLang step hooks call): why those hooks call the probe
-directly (docs/architecture.md "Adding an engine", docs/benchmarks.md).
+directly (docs/engine-api.md "Adding an engine", docs/benchmarks.md).
 
 One idle probe (no sidecar listening; its link thread retries in the background), telemetry off, a
 do-nothing step of 8 requests and 8 tokens, three ways:

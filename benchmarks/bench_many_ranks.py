@@ -117,8 +117,8 @@ import json, re, sys, time
 from pathlib import Path
 from types import SimpleNamespace
 sys.path.insert(0, sys.argv[1])
-from sidecar.protocol import ProcessIdentity
-from sidecar.service import merge
+from sidecar.common.protocol import ProcessIdentity
+from sidecar.service.export import merge
 
 def kib(field):
     with open('/proc/self/status') as fh:

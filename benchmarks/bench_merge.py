@@ -1,5 +1,5 @@
 """Benchmark: peak memory and time of merging a capture's raw traces in the sidecar, streaming
-(``sidecar.service.merge``) against the merge it replaced, which loaded each raw trace whole with
+(``sidecar.service.export.merge``) against the merge it replaced, which loaded each raw trace whole with
 ``json.load`` (kept below as ``reference_finalize``: the old code, with a switch to leave the
 analysis out).
 
@@ -46,7 +46,7 @@ def _reference_sort_key(rec) -> tuple:
 
 
 def reference_finalize(capture_dir: Path, records, max_bytes: int, analyse: bool = True):
-    from sidecar.service.merge import MERGED_NAME, FinalizeResult, ProcessOutcome, _analyse
+    from sidecar.service.export.merge import MERGED_NAME, FinalizeResult, ProcessOutcome, _analyse
 
     result = FinalizeResult()
     raw_dir = (capture_dir / "raw").resolve()
@@ -123,7 +123,7 @@ def reference_write_merged(path: Path, traces: list[tuple[Any, dict]]) -> None:
 
 
 def _reference_events(index: int, rec: Any, events: list, shift_us: float):
-    from sidecar.service.merged_trace import DEVICE_PID_BASE, FLOW_ID_STRIDE, _meta
+    from sidecar.service.export.merged_trace import DEVICE_PID_BASE, FLOW_ID_STRIDE, _meta
 
     device_pids: dict[Any, int] = {}
 
@@ -169,7 +169,7 @@ class Record:
     raw_file: Optional[str] = None
 
     @property
-    def sort_key(self) -> tuple:  # as sidecar.protocol.ProcessIdentity.sort_key
+    def sort_key(self) -> tuple:  # as sidecar.common.protocol.ProcessIdentity.sort_key
         return (self.step_driven, self.rank is not None, self.rank or 0, self.role, self.pid)
 
 
@@ -191,7 +191,7 @@ def _peak():
 atexit.register(_peak)
 sys.path.insert(0, os.environ['BENCH_DIR'])
 import bench_merge
-from sidecar.service import merge
+from sidecar.service.export import merge
 impl, capture, analyse = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == '1'
 records = [bench_merge.Record(**r) for r in json.loads(sys.argv[4])]
 start = time.perf_counter()

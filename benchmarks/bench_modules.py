@@ -6,7 +6,7 @@ forward of a batch (``--batch`` 8 sequences x ``--tokens`` 4, inference_mode: ab
 work, no KV cache). Side by side in alternating rounds:
 
   off   the bare step
-  on    the same step inside a module-timing job (sidecar/probe/module_job.py, driven through its step
+  on    the same step inside a module-timing job (sidecar/probe/modules_job.py, driven through its step
         window as a probe drives it): every module's forward pre-hook and forward hook fire, timed on
         the host clock
 
@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from sidecar.devtools.local_model import build_model  # noqa: E402
-from sidecar.module_timing import ModuleTimer, hook_count  # noqa: E402
-from sidecar.probe.module_job import ModuleTiming  # noqa: E402
-from sidecar.protocol import ModuleSpec  # noqa: E402
+from sidecar.cli.make_model import build_model  # noqa: E402
+from sidecar.probe.modules_timer import ModuleTimer, hook_count  # noqa: E402
+from sidecar.probe.modules_job import ModuleTiming  # noqa: E402
+from sidecar.common.protocol import ModuleSpec  # noqa: E402
 
 
 def load(size: str, folder: Path):

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "v100-train-large.json.gz"
 
 
-# Both interpreters set up as ``sidecar analyze`` sets up its process (sidecar/analysis/one_shot.py):
+# Both interpreters set up as ``sidecar analyze`` sets up its process (sidecar/cli/one_shot.py):
 # no cyclic GC, no OpenBLAS worker threads, nothing collected at exit. The import then costs what
 # the command pays for it.
 _ONE_SHOT = "import gc, sys; gc.disable(); {}; gc.freeze()"
@@ -89,7 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     args = parser.parse_args(argv)
 
-    from sidecar.analysis.nesting import build_tree
+    from sidecar.analysis.reader.nesting import build_tree
     from sidecar.analysis.summary import load
 
     data = load(args.trace)

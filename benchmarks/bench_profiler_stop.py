@@ -20,7 +20,7 @@ Per option, medians of ``--rounds``:
 ``--ballast-gb`` touches that much memory before measuring, so ``fork()`` copies the page tables of a
 process the size of an engine worker (vLLM's CPU worker: 2 GiB anonymous, its KV cache 1 GiB).
 An option name ending in " (trace_only)" runs with ``_ExperimentalConfig(trace_only=True)``, as
-the probe does (sidecar/probe/recorder.py).
+the probe does (sidecar/probe/capture/profiler.py).
 
 python benchmarks/bench_profiler_stop.py [--rounds 5] [--steps 5] [--layers 6] [--ballast-gb 0]
        [--options none,record_shapes,...] [--out bench-results/profiler_stop.json]

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from sidecar.flight_ring import GcPauses, RequestRing, StepRing  # noqa: E402
+from sidecar.probe.flight_ring import GcPauses, RequestRing, StepRing  # noqa: E402
 
 
 class EmptyRing:
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     out = ROOT / "bench-results" / "ring.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
-    print("flight recorder (sidecar/flight_ring.py)")
+    print("flight recorder (sidecar/probe/flight_ring.py)")
     print(f"  begin()+end(...): {results['step_pair_ns']:.0f} ns per step "
           f"(two empty calls: {results['empty_pair_ns']:.0f} ns; target <= 1000 ns); "
           f"counts passed by position: {results['step_pair_positional_ns']:.0f} ns")

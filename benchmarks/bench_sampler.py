@@ -1,4 +1,4 @@
-"""Issue 15 benchmark: what sampling the step thread's Python stack costs (sidecar/probe/stack_sampler.py).
+"""Issue 15 benchmark: what sampling the step thread's Python stack costs (sidecar/stacks/sampler.py).
 
 Measured in one process, no server:
   per sample   the sampler thread's CPU time per sample (thread_time_ns, so it includes its sleep and
@@ -38,10 +38,10 @@ from typing import Optional, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sidecar.analysis import sampled_stacks  # noqa: E402
-from sidecar.probe.stack_sampler import StackSampler  # noqa: E402
-from sidecar.service.kineto_file import copy_with_events  # noqa: E402
-from sidecar.stack_samples import check, read  # noqa: E402
+from sidecar.stacks import sampled as sampled_stacks  # noqa: E402
+from sidecar.stacks.sampler import StackSampler  # noqa: E402
+from sidecar.service.export.kineto_file import copy_with_events  # noqa: E402
+from sidecar.stacks.samples_file import check, read  # noqa: E402
 
 DEFAULT_HZ = 1000.0  # the sampler's default rate; --hz changes it for a run
 

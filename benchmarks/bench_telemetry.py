@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{micro['hooks_share_of_1ms_step'] * 100:.3f} % of a 1 ms step)", flush=True)
 
     if not (args.model / "config.json").exists():
-        from sidecar.devtools.local_model import build_model
+        from sidecar.cli.make_model import build_model
 
         print(f"building the 126M model in {args.model}", flush=True)
         build_model(args.model, size="126m")

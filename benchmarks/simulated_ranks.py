@@ -1,7 +1,7 @@
 """N simulated GPU worker ranks on the real probe channel, and the raw traces they report.
 
 What bench_many_ranks.py (and tests/test_many_ranks.py) drive a real sidecar with: N worker ranks
-that speak the probe channel (sidecar/protocol.py) from one asyncio loop, as a probe does: the
+that speak the probe channel (sidecar/common/protocol.py) from one asyncio loop, as a probe does: the
 handshake (``hello`` with the probe's trace root and marker, so the sidecar reads the files where
 they lie, ``challenge``, ``proof``), heartbeats with a working-step count that advances at one rate
 in every rank alike (as the ranks of one engine count the same steps), ``clock_reply``, and the
@@ -29,11 +29,11 @@ from typing import Any
 
 import aiohttp
 
-from sidecar import auth
-from sidecar.probe.trace_root import TraceRoot
-from sidecar.protocol import (PROBE_WS_PATH, Arm, Begin, CaptureReport, Challenge, ClockProbe, ClockReply, Heartbeat,
+from sidecar.common import auth
+from sidecar.probe.capture.trace_root import TraceRoot
+from sidecar.common.protocol import (PROBE_WS_PATH, Arm, Begin, CaptureReport, Challenge, ClockProbe, ClockReply, Heartbeat,
                               Hello, ProcessIdentity, Proof, Stop, Verdict)
-from sidecar.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar, encode
+from sidecar.common.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar, encode
 
 PID_BASE = 3_000_000  # the simulated ranks' pids: PID_BASE + rank (under Linux's largest, 2**22)
 BASE_STEP_NS = 250_000  # each rank's profiler started this long after the previous one's
@@ -262,7 +262,7 @@ def merged_header(gz: bytes) -> dict:
 
 def merged_process_names(gz_path: Path) -> dict[Any, str]:
     """Every ``process_name`` of a merged trace, by pid (streamed: the file may be large)."""
-    from sidecar.analysis.stream import TopLevel, read_events
+    from sidecar.analysis.reader.stream import TopLevel, read_events
 
     names = {}
     for batch in read_events(str(gz_path), TopLevel(), Any, keep=frozenset()):

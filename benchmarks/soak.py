@@ -50,10 +50,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
-from sidecar.client import SidecarClient, SidecarError  # noqa: E402
-from sidecar.devtools.local_model import build_model  # noqa: E402
+from sidecar.cli.client import SidecarClient, SidecarError  # noqa: E402
+from sidecar.cli.make_model import build_model  # noqa: E402
 from sidecar.devtools.traffic import PROMPTS, stream_one  # noqa: E402
-from sidecar.verdicts import FINAL  # noqa: E402
+from sidecar.common.verdicts import FINAL  # noqa: E402
 from sidecar_vllm.devtools import VllmStack  # noqa: E402
 
 from soak_report import dir_usage, row_cells, table, verdict  # noqa: E402

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sidecar.verdicts import DONE, FINAL
+from sidecar.common.verdicts import DONE, FINAL
 
 if TYPE_CHECKING:
     import argparse

@@ -8,6 +8,23 @@ integration uses. Integrations live in their own packages under ``plugins/`` (``
 A serving loop written by hand is instrumented with ``sidecar.instrument(...)`` (a stable API,
 docs/engine-api.md). The names below are loaded on first use: ``import sidecar`` imports neither the
 probe nor torch nor OpenTelemetry.
+
+The package, lowest layer first: an import only goes down (tests/test_layers.py, docs/architecture.md).
+Each folder's ``__init__`` lists its modules.
+
+    common/          the ground floor: config, auth, the probe protocol and its codec, phases, verdicts
+    stacks/          Python stacks: the samples file, the probe's sampler, the sidecar's views of them
+    syncs/           the hidden-sync detector (engine side)
+    engine           ``EngineProfile``: what an engine integration tells the core about its engine
+    telemetry/       OpenTelemetry request spans and metrics, step and process metrics
+    probe/           the engine-side half, one probe per engine process (capture/: its torch.profiler capture)
+    integration/     what every engine plugin builds on: class patching, a probe and telemetry attached once
+    instrumentation  ``sidecar.instrument``: the public API for a serving loop written by hand
+    analysis/        a trace explained in bounded memory (reader/, questions/, diff/)
+    report/          the analysis as HTML pages
+    service/         the sidecar process: the HTTP API, its jobs, the merge of a capture's traces
+    cli/             the ``sidecar`` command, one module per sub-command, and the HTTP client
+    devtools/        the demo, an engine server beside the sidecar, a load generator
 """
 
 from __future__ import annotations
@@ -15,7 +32,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from .common.version import __version__
 
 # The public API (docs/engine-api.md): name -> the module that defines it.
 _PUBLIC = {

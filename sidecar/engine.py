@@ -5,12 +5,12 @@ and which of them count forward steps, how a Python stack maps to a step phase, 
 GPU→CPU transfers are deliberate, which packages are the integration's own, the OpenTelemetry
 names — is data in one ``EngineProfile``, which a plugin builds and hands to ``sidecar.probe.Probe``
 and to ``sidecar.telemetry``. A plugin also registers its profile under the entry-point group
-``inference_sidecar.engines`` so that tools outside the engine (``sidecar.syncs.trace.scan_trace`` over a trace file)
+``inference_sidecar.engines`` so that tools outside the engine (``sidecar.analysis.sync_sites.scan_trace`` over a trace file)
 can use its phase rules and allowlist.
 
 Adding an engine is: a profile, the step hooks that call ``Probe.step_begin``/``step_end`` (with
 ``sidecar.integration``'s patching and attach helpers), and the entry points. See
-docs/architecture.md, "Adding an engine".
+docs/engine-api.md, "Adding an engine".
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .phases import PhaseRange
-from .protocol import ROLE_PATTERN, ProcessIdentity
+from .common.phases import PhaseRange
+from .common.protocol import ROLE_PATTERN, ProcessIdentity
 from .syncs.allowlist import AllowEntry, Allowlist, from_environment
 from .syncs.sites import PhaseRule, SiteLocator, default_skip_dirs
 
@@ -44,7 +44,7 @@ class Role:
     runner, whose time is in ops) and ``stacks=traced`` may use it. It is never applied elsewhere: in
     a process whose time is Python (a scheduler, an API server) it records every Python call and
     processes them all in ``stop()`` on the step thread (13.4 s on vLLM's engine core, issue 15);
-    such processes get sampled stacks instead (sidecar/probe/stack_sampler.py).
+    such processes get sampled stacks instead (sidecar/stacks/sampler.py).
     """
 
     name: str  # on the wire, in ``processes=`` and in file names: ``engine_core``
@@ -104,7 +104,7 @@ class EngineProfile:
 
     def phase_table(self, role: str | None = None) -> dict[str, str]:
         """Range name → phase of the ranges a process of ``role`` records (None: every role), as a
-        capture writes it into its trace (sidecar/phases.py)."""
+        capture writes it into its trace (sidecar/common/phases.py)."""
         return {r.name: r.phase for r in self.phase_ranges if role is None or r.role == role}
 
     def role(self, name: str) -> Role:

@@ -38,7 +38,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from . import config
+from .common import config
 from .engine import SCHEDULER, EngineProfile, Role
 
 if TYPE_CHECKING:  # imported when the first Instrumentation is built: ``import sidecar`` stays light
@@ -56,7 +56,7 @@ OPERATION_CHAT = "chat"
 TRACE_HEADERS = ("traceparent", "tracestate")
 # Requests started and never finished are forgotten, oldest first, beyond this many.
 MAX_REQUESTS_IN_FLIGHT = 65536
-# The flight recorder's outcome of a request, by finish reason (sidecar/flight_ring.py's OUTCOMES).
+# The flight recorder's outcome of a request, by finish reason (sidecar/probe/flight_ring.py's OUTCOMES).
 _OUTCOME_BY_FINISH_REASON = {"abort": "aborted", "error": "error"}
 # The probe's arguments that instrument() sets itself (the others pass through ``probe_options``).
 _SET_HERE = frozenset({"role", "rank", "profile", "loop"})

@@ -20,8 +20,8 @@ from engine_zygote import Zygote
 from parallel_server import (ServerChain, data_parallel_start, second_server_start, sglang_start,
                              tensor_parallel_start)
 from shared_stacks import fault_stack_builder, fixture_models_builder
-from sidecar.client import SidecarClient, SidecarError
-from sidecar.devtools.local_model import build_model
+from sidecar.cli.client import SidecarClient, SidecarError
+from sidecar.cli.make_model import build_model
 from sidecar.devtools.stack import Stack
 from sidecar.devtools.traffic import LoadResult, run_load
 from sidecar_vllm.devtools import VllmStack

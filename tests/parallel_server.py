@@ -17,8 +17,8 @@ from typing import Callable
 
 from background_start import BackgroundStart
 from relay import LoopThread, Relay
-from sidecar import config
-from sidecar.client import SidecarClient
+from sidecar.common import config
+from sidecar.cli.client import SidecarClient
 from sidecar_sglang.devtools import SglangStack, sglang_python
 from sidecar_vllm.devtools import VllmStack
 

@@ -12,7 +12,7 @@ import pytest
 
 from served import serve_env
 from sidecar.cli import build_parser
-from sidecar.service.keys import SETTINGS
+from sidecar.service.routes.keys import SETTINGS
 
 
 def parse(*args: str):

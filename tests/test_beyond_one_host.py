@@ -9,7 +9,7 @@ import asyncio
 import gzip
 import json
 
-from sidecar.service import arming
+from sidecar.service.jobs import arming
 from test_service import engines, sidecar, wait_final, wait_processes, wait_step_rates  # noqa: F401 (fixtures)
 
 SKEW_S = 5.05  # half a grid step off the grid: uncorrected, every step would sit 50 ms from it
@@ -252,7 +252,7 @@ def test_a_data_parallel_engine_core_names_its_own_sub_instance(monkeypatch):
     says which engine it is. The plugin names the sub-instance there; its workers inherit it."""
     from types import SimpleNamespace
 
-    from sidecar import config
+    from sidecar.common import config
     from sidecar_vllm.hooks import engine_instance
     from sidecar_vllm.plugin import data_parallel_instance
 

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.protocol import Arm
-from sidecar.protocol_codec import decode_from_sidecar, encode
-from sidecar.service.capture_index import _request
-from sidecar.service.captures import Capture
-from sidecar.service.params import ParamError, parse_capture_request
+from sidecar.common.protocol import Arm
+from sidecar.common.protocol_codec import decode_from_sidecar, encode
+from sidecar.service.jobs.capture_index import _request
+from sidecar.service.jobs.captures import Capture
+from sidecar.service.jobs.params import ParamError, parse_capture_request
 
 
 def parse(**params):

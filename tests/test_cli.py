@@ -49,7 +49,7 @@ def test_help_lists_every_command_and_a_command_loads_only_its_own_module():
         assert command in result.stdout
     probe = subprocess.run(
         [sys.executable, "-c", "import sys; from sidecar.cli import build_parser; build_parser('analyze');"
-         "print(sorted(m for m in ('sidecar.service.cli', 'sidecar.client', 'sidecar.devtools.local_model') if m in sys.modules))"],
+         "print(sorted(m for m in ('sidecar.cli.serve', 'sidecar.cli.client', 'sidecar.cli.make_model') if m in sys.modules))"],
         capture_output=True, text=True, timeout=60,
     )
     assert probe.stdout.strip() == "[]", probe.stderr
@@ -151,7 +151,7 @@ def test_capture_passes_the_stack_options(monkeypatch, capsys):
     summary line says per process which stacks it recorded."""
     import argparse
 
-    from sidecar import client, jobs_cli
+    from sidecar.cli import client, jobs as jobs_cli
 
     asked = {}
     final = {"id": "c1", "state": "done", "reason": None, "trace": None, "headline": None, "processes": [

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 from sidecar.service.app import make_app
 from test_service import settings
 
@@ -84,7 +84,7 @@ def test_a_sidecar_elsewhere_is_still_reached_through_the_proxy(proxy):
     ("10.0.0.5", False), ("sidecar.example", False), ("localhost.example", False),
 ])
 def test_which_hosts_are_reached_without_a_proxy(host, direct):
-    from sidecar import config
+    from sidecar.common import config
 
     assert config.reaches_this_machine(host) is direct
     # ...but only loopback counts as a loopback bind: 0.0.0.0 without a token is still refused.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import config
+from sidecar.common import config
 from sidecar.devtools.stack import Stack
 from sidecar_vllm.devtools import VllmStack
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.probe.recorder import StepCapture
-from sidecar.protocol import CaptureSpec
-from sidecar.service import disk_space, merge
-from sidecar.service.merge import finalize_capture
+from sidecar.probe.capture.profiler import StepCapture
+from sidecar.common.protocol import CaptureSpec
+from sidecar.service.export import disk_space, merge
+from sidecar.service.export.merge import finalize_capture
 
 from test_merge import Rec, kineto, write_raw
 from test_recorder import Reports, step
@@ -179,7 +179,7 @@ def test_an_empty_export_is_a_failure_naming_the_full_disk(tmp_path, exporter, m
 _KINETO_ON_A_FULL_DISK = r"""
 import os, sys
 import torch, torch.profiler as tp
-from sidecar.probe.trace_root import release
+from sidecar.probe.capture.trace_root import release
 folder = sys.argv[1]
 st = os.statvfs(folder)
 with open(os.path.join(folder, "filler"), "wb") as f:
@@ -230,7 +230,7 @@ def test_a_failed_kineto_export_on_a_really_full_disk_lets_go_of_its_file(tmp_pa
 def test_a_trace_kineto_never_renamed_is_named_a_full_disk(tmp_path, monkeypatch):
     """Kineto leaves ``<trace>.tmp`` and no trace when a write fails; with the disk full that is
     what the verdict says, not "No such file or directory" (found on real vLLM, a real tmpfs)."""
-    from sidecar.probe import trace_root
+    from sidecar.probe.capture import trace_root
 
     raw = tmp_path / "captures" / ID / "raw"
     raw.mkdir(parents=True)

@@ -44,19 +44,22 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar import auth, flight_ring, recorder_view
+from sidecar.common import auth
+from sidecar.probe import flight_ring
+from sidecar.service.incidents import recorder_view
 from sidecar.probe.profile_header import BAGGAGE_KEY
-from sidecar.protocol import SyncReport
-from sidecar.service import sync_findings, triggers as triggers_module
+from sidecar.common.protocol import SyncReport
+from sidecar.service.metrics import sync_findings
+from sidecar.service.incidents import triggers as triggers_module
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service.captures import BoundCaptureRequest
-from sidecar.service.keys import CAPTURES
-from sidecar.service.otlp_translation import prometheus_name, series_of
+from sidecar.service.jobs.captures import BoundCaptureRequest
+from sidecar.service.routes.keys import CAPTURES
+from sidecar.service.metrics.otlp_translation import prometheus_name, series_of
 from sidecar.telemetry import ClockOffset, FinishedRequest, Telemetry, TelemetrySettings, make_resource, record_request
 from sidecar.telemetry.capture import CaptureRecord, record_capture
 from sidecar.telemetry.gpu import GpuSampler
 from sidecar.telemetry.push import CUMULATIVE
-from sidecar.verdicts import FINAL
+from sidecar.common.verdicts import FINAL
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -1,4 +1,4 @@
-"""``sidecar recorder``, ``sidecar stacks``, ``sidecar requests`` (sidecar/incident_cli.py): what each asks
+"""``sidecar recorder``, ``sidecar stacks``, ``sidecar requests`` (sidecar/cli/incidents.py): what each asks
 the sidecar, what it writes or prints, and a clear message with exit 2 when the sidecar refuses."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import argparse
 import gzip
 import json
 
-from sidecar import incident_cli
-from sidecar.client import SidecarClient, SidecarError
+from sidecar.cli import incidents as incident_cli
+from sidecar.cli.client import SidecarClient, SidecarError
 
 
 def parse(*argv: str) -> argparse.Namespace:

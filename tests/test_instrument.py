@@ -22,7 +22,7 @@ import sidecar
 from sidecar.engine import GENERIC, SCHEDULER, EngineProfile
 from sidecar.instrumentation import Instrumentation, Step
 from sidecar.integration.attach import PROBE_ATTR
-from sidecar.verdicts import FINAL
+from sidecar.common.verdicts import FINAL
 from telemetry.helpers import in_memory_telemetry, metric_points
 
 NO_SIDECAR = "http://127.0.0.1:9"  # nothing listens: the probe's link thread retries quietly

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.devtools.stack import Stack
-from sidecar.jobs_cli import Progress, progress_line
+from sidecar.cli.jobs import Progress, progress_line
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 PLANTED_LINE = next(n for n, line in enumerate(FAKE_ENGINE.read_text().splitlines(), 1) if "# PLANTED_LINE" in line)

@@ -24,10 +24,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from sidecar import auth, config
+from sidecar.common import auth, config
 from sidecar.cli import build_parser
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service.cli import _is_loopback
+from sidecar.cli.serve import _is_loopback
 from sidecar.service.openapi import build_document
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ EXPECTED_FILES = {"sidecar-in-pod.yaml", "sidecar-in-pod-loopback.yaml", "node-s
 OLDEST_K8S = "1.29"
 
 # Where the code names the environment variables it reads, one constant each (ENV_*, OTEL_*).
-ENV_MODULES = ("sidecar.config", "sidecar.telemetry.settings", "sidecar.probe.request_capture",
+ENV_MODULES = ("sidecar.common.config", "sidecar.telemetry.settings", "sidecar.probe.request_capture",
                "sidecar.syncs.settings")
 # Variables a manifest may set that no code reads: each must be used as $(NAME) by a later variable.
 MANIFEST_VARIABLES = {"HOST_IP": "the node's IP (downward API), in SIDECAR_ENDPOINT of the node form"}

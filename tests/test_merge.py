@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from sidecar.analysis import sampled_stacks
-from sidecar.service.kineto_file import copy_with_events
-from sidecar.service.merge import DEVICE_PID_BASE, finalize_capture
-from sidecar.stack_samples import RawSamples, Segment, check, encode, samples_path
+from sidecar.stacks import sampled as sampled_stacks
+from sidecar.service.export.kineto_file import copy_with_events
+from sidecar.service.export.merge import DEVICE_PID_BASE, finalize_capture
+from sidecar.stacks.samples_file import RawSamples, Segment, check, encode, samples_path
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
@@ -41,7 +41,7 @@ class Rec:
     stack_summary: dict[str, Any] | None = None
 
     @property
-    def sort_key(self) -> tuple:  # as sidecar.protocol.ProcessIdentity.sort_key
+    def sort_key(self) -> tuple:  # as sidecar.common.protocol.ProcessIdentity.sort_key
         return (self.step_driven, self.rank is not None, self.rank or 0, self.role, self.pid)
 
 
@@ -374,10 +374,10 @@ def test_sampled_stacks_in_a_real_export_are_read_by_the_analyser_and_the_merge(
     import torch.profiler as tp
 
     from sidecar.analysis import analyze_path
-    from sidecar.analysis.events import Kind
-    from sidecar.analysis.nesting import build_tree
+    from sidecar.analysis.reader.events import Kind
+    from sidecar.analysis.reader.nesting import build_tree
     from sidecar.analysis.summary import load
-    from sidecar.probe.stack_sampler import StackSampler
+    from sidecar.stacks.sampler import StackSampler
 
     def planted_slow(seconds: float) -> None:
         end = time.perf_counter() + seconds

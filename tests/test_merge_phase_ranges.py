@@ -1,4 +1,4 @@
-"""The merge keeps what each probe noted of its phase ranges (sidecar/phases.py), so the capture's
+"""The merge keeps what each probe noted of its phase ranges (sidecar/common/phases.py), so the capture's
 summary has its step anatomy: the sidecar needs no engine plugin for it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from sidecar.service.merge import finalize_capture
+from sidecar.service.export.merge import finalize_capture
 
 from test_merge import Rec, kineto, write_raw
 

@@ -1,4 +1,4 @@
-"""The merge keeps, per process, what each probe noted of its step ranges (sidecar/phases.py
+"""The merge keeps, per process, what each probe noted of its step ranges (sidecar/common/phases.py
 ``whole_steps``): the merged trace lists the pids, as it writes them, of the processes whose ranges
 are whole, and the capture's summary takes none of their steps for cut off (issue 28)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from sidecar.service.merge import SHARED_PID_BASE, finalize_capture
+from sidecar.service.export.merge import SHARED_PID_BASE, finalize_capture
 
 from test_merge import Rec, write_raw
 

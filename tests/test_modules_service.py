@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.modules_cli import describe_modules
-from sidecar.verdicts import FINAL
+from sidecar.cli.modules import describe_modules
+from sidecar.common.verdicts import FINAL
 from test_service import sidecar, engines, wait_processes  # noqa: F401  (fixtures)
 
 API_MD = Path(__file__).resolve().parents[1] / "docs" / "api.md"

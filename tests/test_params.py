@@ -1,6 +1,6 @@
 import pytest
 
-from sidecar.service.params import ParamError, ProcessSelector, parse_capture_request, parse_scan_request
+from sidecar.service.jobs.params import ParamError, ProcessSelector, parse_capture_request, parse_scan_request
 
 
 def parse(**params):

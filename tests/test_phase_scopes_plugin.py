@@ -14,8 +14,8 @@ import pytest
 import torch.autograd.profiler as autograd_profiler
 
 from sidecar.analysis import analyze_path
-from sidecar.probe.recorder import StepCapture
-from sidecar.protocol import CaptureSpec
+from sidecar.probe.capture.profiler import StepCapture
+from sidecar.common.protocol import CaptureSpec
 from sidecar_vllm import phase_scopes
 from sidecar_vllm.profile import VLLM_PROFILE
 

@@ -1,4 +1,4 @@
-"""Per-process file stems within one capture (sidecar/service/process_stems.py): unique across hosts,
+"""Per-process file stems within one capture (sidecar/service/export/process_stems.py): unique across hosts,
 a process's own stem wherever it is free, never a local process's file name given to a fetched one."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import socket
 import msgspec
 
 from sidecar.probe.probe import Probe
-from sidecar.protocol import ProcessIdentity, file_name_part
-from sidecar.service.process_stems import unique_stems
+from sidecar.common.protocol import ProcessIdentity, file_name_part
+from sidecar.service.export.process_stems import unique_stems
 
 
 def worker(rank: int, pid: int, host: str) -> ProcessIdentity:

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from sidecar.probe.recorder import StepCapture
-from sidecar.protocol import CaptureReport, CaptureSpec
+from sidecar.probe.capture.profiler import StepCapture
+from sidecar.common.protocol import CaptureReport, CaptureSpec
 
 
 class Reports:

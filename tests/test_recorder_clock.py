@@ -1,11 +1,11 @@
-"""A remote probe's recorder dump put on the sidecar's clock (sidecar/service/recorder_clock.py) before
-its rows are built (sidecar/recorder_view.py): every absolute time moved by the correction, durations
+"""A remote probe's recorder dump put on the sidecar's clock (sidecar/service/incidents/recorder_clock.py) before
+its rows are built (sidecar/service/incidents/recorder_view.py): every absolute time moved by the correction, durations
 and unknown times left alone, the window then applied on the sidecar's clock."""
 
 from __future__ import annotations
 
-from sidecar.recorder_view import merge
-from sidecar.service.recorder_clock import to_sidecar_clock
+from sidecar.service.incidents.recorder_view import merge
+from sidecar.service.incidents.recorder_clock import to_sidecar_clock
 
 from test_recorder_view import MS, T0, core_process, gc_dump, requests_dump, steps_dump
 

@@ -1,4 +1,4 @@
-"""The flight recorder's answer (sidecar/recorder_view.py): processes' dumps merged into rows, GC
+"""The flight recorder's answer (sidecar/service/incidents/recorder_view.py): processes' dumps merged into rows, GC
 time attributed to steps, the window applied, and the Chrome trace read back by the project's own
 trace reader."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sidecar.analysis.stream import TopLevel, read_events
+from sidecar.analysis.reader.stream import TopLevel, read_events
 from sidecar.analysis.summary import load
-from sidecar.flight_ring import GcPauses, RequestRing, StepRing
-from sidecar.recorder_view import GC_TID, REQUESTS_TID, STEPS_TID, SYNTHETIC_PID_BASE, merge, to_chrome_trace
+from sidecar.probe.flight_ring import GcPauses, RequestRing, StepRing
+from sidecar.service.incidents.recorder_view import GC_TID, REQUESTS_TID, STEPS_TID, SYNTHETIC_PID_BASE, merge, to_chrome_trace
 
 MS = 1_000_000  # ns
 T0 = 1_790_000_000_000_000_000  # a Unix time in ns

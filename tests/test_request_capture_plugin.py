@@ -15,7 +15,7 @@ from sidecar.integration import patching
 from sidecar.integration.attach import PROBE_ATTR
 from sidecar.probe import Probe
 from sidecar.probe.request_capture import CaptureOutcome, RequestCaptureAsks
-from sidecar.protocol import (REQUEST_ENDED, Arm, CaptureReport, CaptureSpec, RequestCapture, RequestCaptureAnswer,
+from sidecar.common.protocol import (REQUEST_ENDED, Arm, CaptureReport, CaptureSpec, RequestCapture, RequestCaptureAnswer,
                               RequestCaptureRelease)
 from sidecar_vllm import capture_end, request_capture
 from sidecar_vllm.request_capture import _ASK, CAPTURED, GATE_ATTR, RequestCaptureGate

@@ -89,7 +89,7 @@ async def test_an_optional_address_this_host_lacks_is_left_out():
 def test_the_start_says_when_it_serves_127_0_0_1_alone(capsys):
     from pathlib import Path
 
-    from sidecar.service.cli import _listening
+    from sidecar.cli.serve import _listening
 
     lacking = OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
     _listening(Path("traces"))([("127.0.0.1", 8787)], [("::1", lacking)])

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from engine_zygote import needs_own_interpreter
-from sidecar.service import arming
+from sidecar.service.jobs import arming
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.verdicts import FINAL
+from sidecar.common.verdicts import FINAL
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 PROBE_TOKEN = "probe-secret-for-tests"

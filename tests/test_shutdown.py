@@ -18,7 +18,7 @@ import urllib.request
 
 from sidecar.devtools.stack import free_port
 from sidecar.probe import Probe
-from sidecar.protocol import PROBE_WS_PATH
+from sidecar.common.protocol import PROBE_WS_PATH
 
 EXIT_BOUND_S = 5.0  # a correctness bound, not a benchmark: about 0.2 s measured, 9-17 s before the fix
 

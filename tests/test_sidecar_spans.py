@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from otlp_receiver import OtlpReceiver
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 from sidecar.devtools.stack import Stack
 from sidecar.service.tracing import start_tracing
 

@@ -1,4 +1,4 @@
-"""sidecar/stacks_view.py: the probes' stacks answers as ``GET /stacks`` shows them — merged across
+"""sidecar/stacks/view.py: the probes' stacks answers as ``GET /stacks`` shows them — merged across
 processes (an error in place of a process's threads), as py-spy-dump-like text, and a sampling as a
 speedscope file that follows the format's schema."""
 
@@ -11,8 +11,8 @@ import time
 import jsonschema
 import pytest
 
-from sidecar.stack_samples import frame_name
-from sidecar.stacks_view import (
+from sidecar.stacks.samples_file import frame_name
+from sidecar.stacks.view import (
     EXPORTER,
     NO_ANSWER,
     SPEEDSCOPE_SCHEMA,
@@ -23,7 +23,7 @@ from sidecar.stacks_view import (
     to_speedscope,
     to_text,
 )
-from sidecar.thread_stacks import ThreadSampler, snapshot
+from sidecar.stacks.threads import ThreadSampler, snapshot
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,7 +3,7 @@
 import asyncio
 from pathlib import Path
 
-from sidecar.verdicts import FINAL
+from sidecar.common.verdicts import FINAL
 from test_service import FAKE_ENGINE, sidecar, engines, wait_processes  # noqa: F401  (fixtures)
 
 PLANTED_LINE = next(n for n, line in enumerate(FAKE_ENGINE.read_text().splitlines(), 1) if "# PLANTED_LINE" in line)

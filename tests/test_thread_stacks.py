@@ -1,4 +1,4 @@
-"""sidecar/thread_stacks.py: every thread's Python stack read from another thread (a snapshot, and a
+"""sidecar/stacks/threads.py: every thread's Python stack read from another thread (a snapshot, and a
 short sampling folded into counts), bounded in depth and in bytes, as a hung engine's probe answers.
 
 Threads here are parked in known functions, so the tests know the function, file and line each
@@ -15,8 +15,8 @@ import time
 import msgspec
 import pytest
 
-from sidecar import thread_stacks
-from sidecar.thread_stacks import (
+from sidecar.stacks import threads as thread_stacks
+from sidecar.stacks.threads import (
     MAX_DEPTH,
     MAX_HZ,
     MAX_SECONDS,

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from served import serve_env
-from sidecar import auth
+from sidecar.common import auth
 
 VICTIM_TEXT = "a file of the user's, which a link planted in the token folder points at\n"
 

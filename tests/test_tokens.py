@@ -3,7 +3,7 @@ too short to be a secret."""
 
 import pytest
 
-from sidecar import auth
+from sidecar.common import auth
 
 TOKEN = "a-token-of-24-characters"
 

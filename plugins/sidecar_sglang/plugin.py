@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 def register() -> None:
     try:
-        from sidecar import config
+        from sidecar.common import config
 
         if config.disabled():
             log.info("inference-sidecar: %s is set; the SGLang plugin patches nothing", config.ENV_DISABLE)

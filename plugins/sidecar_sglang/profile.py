@@ -8,7 +8,7 @@ SGLang: the version is looked up when a probe starts.
 from __future__ import annotations
 
 from sidecar.engine import API_SERVER, SCHEDULER, EngineProfile
-from sidecar.phases import PhaseRange
+from sidecar.common.phases import PhaseRange
 from sidecar.syncs.allowlist import AllowEntry
 from sidecar.syncs.sites import FORWARD, SAMPLING, SCHEDULING, PhaseRule
 

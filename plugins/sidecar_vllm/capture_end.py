@@ -20,7 +20,7 @@ import importlib
 import logging
 
 from sidecar.integration.attach import PROBE_ATTR
-from sidecar.protocol import REQUEST_ENDED
+from sidecar.common.protocol import REQUEST_ENDED
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ import os
 from operator import countOf
 from time import time_ns
 
-from sidecar import config
+from sidecar.common import config
 from sidecar.integration import attach, patching
 from sidecar.integration.attach import PROBE_ATTR, STEPS_ATTR, TELEMETRY_ATTR  # noqa: F401 (bench, tests)
 

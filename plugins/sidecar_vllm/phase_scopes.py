@@ -25,7 +25,7 @@ What vLLM 0.32 has and what this adds (the names and their phases are ``PHASE_RA
 
 Why instance attributes switched at the recording's edges: while no capture records nothing of this
 exists, so an idle step costs exactly what it did (the hooks in hooks.py are unchanged); the switch
-runs on the thread that runs the step (sidecar/probe/recorder.py), between two steps, so no step sees
+runs on the thread that runs the step (sidecar/probe/capture/profiler.py), between two steps, so no step sees
 half of it.
 """
 

@@ -14,7 +14,7 @@ import os
 import re
 import socket
 
-from sidecar import config
+from sidecar.common import config
 
 log = logging.getLogger(__name__)
 

@@ -2,14 +2,14 @@
 
 Handed to every probe (``hooks.py``) and to the request telemetry (``stat_logger.py``), and registered
 under the ``inference_sidecar.engines`` entry point (pyproject.toml) for tools that read a trace file
-(``sidecar.syncs.trace.scan_trace``). Importing this module does not import vLLM: the version is looked up when a
+(``sidecar.analysis.sync_sites.scan_trace``). Importing this module does not import vLLM: the version is looked up when a
 probe starts.
 """
 
 from __future__ import annotations
 
 from sidecar.engine import API_SERVER, ENGINE_CORE, WORKER, EngineProfile
-from sidecar.phases import PhaseRange
+from sidecar.common.phases import PhaseRange
 from sidecar.syncs.allowlist import AllowEntry
 from sidecar.syncs.sites import FORWARD, SAMPLING, SCHEDULING, PhaseRule
 

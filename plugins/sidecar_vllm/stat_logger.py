@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
-from sidecar import config
+from sidecar.common import config
 from sidecar.integration import patching
 from sidecar.telemetry import (
     CaptureSpans,

@@ -1,12 +1,18 @@
-"""Capture analysis: what a Kineto / Chrome trace says, at once, in bounded memory.
+"""Capture analysis: what a Kineto / Chrome trace says, at once, in bounded memory (docs/analysis.md).
 
 ``analyze_path`` reads a trace file (.json or .json.gz) or a folder of rank files and returns a
-JSON-ready summary (schema in docs/analysis.md); ``format_report`` renders it as text;
-``TraceFormatError`` is raised for anything unreadable. ``sidecar analyze`` is the command line.
+JSON-ready summary; ``format_report`` renders it as text; ``TraceFormatError`` is raised for anything
+unreadable. ``sidecar analyze`` (sidecar/cli/analyze.py) is the command line.
 
-The names below are loaded on first use: importing the package, or a light module of it such as the
-command line's ``cli``, imports no numpy, so a command can set up its process before numpy loads
-(``one_shot.py``).
+    summary     ``analyze_path``: a trace in, the stable summary dict out (it asks every question)
+    text        ``format_report``: the summary as text for a terminal, most telling figures first
+    sync_sites  ``scan_trace``: sync sites from a Kineto trace, in the sync detector's report model
+    reader/     reading a trace in bounded memory, in one process or two
+    questions/  one module per question the summary answers
+    diff/       ``sidecar diff``: two summaries compared
+
+The names below are loaded on first use: importing the package imports no numpy, so a command can
+set up its process before numpy loads (sidecar/cli/one_shot.py).
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from typing import Any
 _PUBLIC = {
     "SCHEMA_VERSION": ".summary",
     "analyze_path": ".summary",
-    "TraceFormatError": ".errors",
-    "format_report": ".report",
+    "TraceFormatError": ".reader.errors",
+    "format_report": ".text",
 }
 __all__ = list(_PUBLIC)
 

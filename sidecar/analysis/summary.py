@@ -14,14 +14,15 @@ from typing import Optional
 import msgspec
 from pathlib import Path
 
-from . import collectives, cpu, gaps, kernels, launches, ranks, steps, syncs
-from . import modules
-from . import anatomy, halves
-from .collect import Collector, TraceData
-from .errors import TraceFormatError
-from .processes import split_processes
-from .stream import TopLevel, read_events
-from .view import ProcessView
+from .questions import collectives, cpu, gaps, kernels, launches, ranks, steps, syncs
+from .questions import modules
+from .questions import anatomy
+from .reader import halves
+from .reader.collect import Collector, TraceData
+from .reader.errors import TraceFormatError
+from .reader.processes import split_processes
+from .reader.stream import TopLevel, read_events
+from .reader.view import ProcessView
 
 SCHEMA_VERSION = 1
 _TRACE_SUFFIXES = (".json", ".json.gz")
@@ -37,9 +38,9 @@ class ProcessResult(msgspec.Struct):
     gaps: gaps.GapPart
     window: tuple[float, float]
     json: dict
-    ranks: ranks.RankPart | None = None  # what the comparison of ranks needs (ranks.py); None without a rank
-    module_stats: modules.ModuleStats | None = None  # time per nn.Module (modules.py)
-    anatomy: anatomy.AnatomyPart | None = None  # the process's phase ranges (anatomy.py); None without
+    ranks: ranks.RankPart | None = None  # what the comparison of ranks needs (questions/ranks.py); None without a rank
+    module_stats: modules.ModuleStats | None = None  # time per nn.Module (questions/modules.py)
+    anatomy: anatomy.AnatomyPart | None = None  # the process's phase ranges (questions/anatomy.py); None without
 
 
 def trace_files(path: str | os.PathLike) -> list[Path]:

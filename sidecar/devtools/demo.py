@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..client import SidecarClient, describe
+from ..cli.client import SidecarClient, describe
 from .stack import Stack
 from .traffic import run_load
 

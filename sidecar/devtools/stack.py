@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Mapping
 
-from .. import config
+from ..common import config
 
 
 def free_port() -> int:

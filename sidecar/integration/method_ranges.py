@@ -1,6 +1,6 @@
 """Named ranges around an engine's own methods, entered only while a capture records: a probe's
-``phase_scopes`` switch (sidecar/probe/recorder.py) for the phases an engine has no scopes of its own
-for. The profile's ``phase_ranges`` name the ranges and their phases (sidecar/phases.py).
+``phase_scopes`` switch (sidecar/probe/capture/profiler.py) for the phases an engine has no scopes of its own
+for. The profile's ``phase_ranges`` name the ranges and their phases (sidecar/common/phases.py).
 
 ``MethodRanges(targets)``: ``targets()`` is called when the switch goes on (the engine's objects exist
 by then) and gives ``(object, method name, range name)``, or ``(object, method name, range name, True)``

@@ -1,16 +1,19 @@
-"""The engine-side half: records steps on request of the sidecar. See probe.Probe.
+"""The engine-side half: one probe per engine process records steps on request of the sidecar.
+See probe.Probe; its torch.profiler capture is capture/.
 
-probe.py     the per-process probe, on the engine's step path
-recorder.py  torch.profiler captures: ``StepCapture`` (N working steps), ``WindowCapture`` (API server)
-sync_tools.py  the hidden-sync scan and watch, built from the engine profile
-link.py      the websocket to the sidecar (the handshake: the sidecar proves the token first; typed
-             messages, reconnecting)
-trace_root.py  where a probe writes: only <its root>/captures/<id>/raw/ and <its root>/recorder/
-limits.py    the probe's own limits on steps, duration and trace bytes
-queries.py   answers to the sidecar's queries (flight recorder, stacks, requests), off the step thread
-watchdog.py  a step that runs too long: reported stuck, stacks dumped once
-profile_header.py  which requests ask to be captured (X-Sidecar-Profile, baggage sidecar.profile)
-request_capture.py  asking the sidecar for a request's capture from the API server's event loop
+    probe            the per-process probe: ``step_begin``/``step_end`` on the step path, message dispatch
+    link             the websocket to the sidecar: a daemon thread with its own loop, the handshake (the
+                     sidecar proves the token first), typed messages, reconnecting
+    heartbeat        what each heartbeat says (step count, sync watch, slowest and stuck step, requests in flight)
+    queries          answers to the sidecar's queries (flight recorder, stacks, requests), off the step thread
+    watchdog         a step that runs too long: reported stuck, stacks dumped once
+    flight_ring      the flight recorder's rings (steps, GC pauses, finished requests), in fixed memory
+    file_sender      a file the sidecar fetches over the channel (another host), in chunks, then deleted
+    sync_tools       the hidden-sync scan and watch, built from the engine profile
+    modules_job      the module-timing job in one process: hooks in and out on the step thread
+    modules_timer    ``ModuleTimer``: every ``nn.Module`` of a model timed with forward hooks
+    profile_header   which requests ask to be captured (X-Sidecar-Profile, baggage sidecar.profile)
+    request_capture  asking the sidecar for a request's capture from the API server's event loop
 """
 
 from .probe import Probe

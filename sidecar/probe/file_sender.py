@@ -21,8 +21,8 @@ import hashlib
 import logging
 import os
 
-from ..protocol import CHUNK_BYTES, RECORDER_DIR, Fetch, FileChunk
-from . import trace_root as roots
+from ..common.protocol import CHUNK_BYTES, RECORDER_DIR, Fetch, FileChunk
+from .capture import trace_root as roots
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import logging
 import time
 from typing import Any, Callable
 
-from ..flight_ring import StepRing
-from ..protocol import Heartbeat, InFlight
+from .flight_ring import StepRing
+from ..common.protocol import Heartbeat, InFlight
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ thread wants to send are handed over with ``call_soon_threadsafe`` and encoded o
 
 Whatever listens on the sidecar's port is not trusted until it proves it knows the token: the link
 connects with no credentials, sends its ``Hello`` with a fresh nonce and waits for the ``Challenge``
-(sidecar/protocol.py, sidecar/auth.py). A server whose proof is wrong, or that answers anything else,
+(sidecar/common/protocol.py, sidecar/common/auth.py). A server whose proof is wrong, or that answers anything else,
 is left at once: the link sends nothing more on that connection (no proof, heartbeat or report),
 acts on nothing it sent, warns once ("a port squatter?") and keeps reconnecting with backoff. Only
 after the proof checks out does it send its own ``Proof`` and serve: every frame received is then
@@ -27,10 +27,10 @@ from typing import Callable
 
 import aiohttp
 
-from .. import auth, config
-from ..protocol import (CLOSE_REFUSED, PROBE_WS_PATH, Challenge, ClockProbe, ClockReply, FromSidecar, Heartbeat, Hello,
+from ..common import auth, config
+from ..common.protocol import (CLOSE_REFUSED, PROBE_WS_PATH, Challenge, ClockProbe, ClockReply, FromSidecar, Heartbeat, Hello,
                         ProcessIdentity, Proof)
-from ..protocol_codec import PROTOCOL_VERSION, ProtocolError, decode_from_sidecar, encode
+from ..common.protocol_codec import PROTOCOL_VERSION, ProtocolError, decode_from_sidecar, encode
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class SidecarLink:
             self._main.cancel()
 
     def send(self, msg) -> None:
-        """Queue a message (a sidecar.protocol struct) from any thread; dropped if not connected (the
+        """Queue a message (a sidecar.common.protocol struct) from any thread; dropped if not connected (the
         sidecar re-learns state)."""
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -237,7 +237,7 @@ class SidecarLink:
             return
         if isinstance(msg, ClockProbe):
             # Answered here, at once: the reply's clock reading is the sample, so nothing may come
-            # between the frame's arrival and it (sidecar/service/clock_sync.py).
+            # between the frame's arrival and it (sidecar/service/channel/clock_sync.py).
             self._send_now(ClockReply(seq=msg.seq, probe_ns=time.time_ns()))
             return
         try:

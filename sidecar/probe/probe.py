@@ -4,11 +4,11 @@ Engine integrations (``plugins/sidecar_vllm``, ...) build it with their ``Engine
 of that profile, and call ``step_begin(has_work)`` before and ``step_end(did_work)`` after each
 engine step. While no job is armed each call is an attribute read and a comparison; the link thread
 puts a job (a ``StepCapture``, a ``SyncScan``) in its slot when the sidecar arms one, and the job's
-window (sidecar/step_window.py) decides what each step does.
+window (sidecar/common/step_window.py) decides what each step does.
 
 Messages reach it only from a sidecar that proved it knows the token (link.py). Even so the probe
-keeps its own rules: it writes only under its trace root (trace_root.py) and holds its own limits on
-steps, duration and bytes (limits.py), whatever a message asks.
+keeps its own rules: it writes only under its trace root (capture/trace_root.py) and holds its own limits on
+steps, duration and bytes (capture/limits.py), whatever a message asks.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import msgspec
 
-from .. import config
+from ..common import config
 from ..engine import GENERIC, EngineProfile
-from ..protocol import (
+from ..common.protocol import (
     P_FAILED,
     Arm,
     Begin,
@@ -45,24 +45,24 @@ from ..protocol import (
     SyncSpec,
     Verdict,
 )
-from ..protocol_codec import PROTOCOL_VERSION, decode_hello, encode
-from .. import thread_stacks
-from ..flight_ring import GcPauses, RequestRing, StepRing, capacity_from_environment
+from ..common.protocol_codec import PROTOCOL_VERSION, decode_hello, encode
+from ..stacks import threads as thread_stacks
+from .flight_ring import GcPauses, RequestRing, StepRing, capacity_from_environment
 from . import sync_tools
 from .file_sender import FileSender
 from .heartbeat import HeartbeatSource
-from .limits import ProbeLimits
+from .capture.limits import ProbeLimits
 from .link import SidecarLink
 from .queries import QueryAnswerer
-from .profiler_options import stack_mode
-from .recorder import StepCapture, WindowCapture
-from ..protocol import MODEL_EXTRA, ModuleArm, ModuleReport, ModuleSpec
-from .module_job import ModuleTiming
+from .capture.profiler_options import stack_mode
+from .capture.profiler import StepCapture, WindowCapture
+from ..common.protocol import MODEL_EXTRA, ModuleArm, ModuleReport, ModuleSpec
+from .modules_job import ModuleTiming
 from .request_capture import RequestCaptureAsks
-from .marker import MarkerName
-from .trace_root import TraceRoot
+from .capture.marker import MarkerName
+from .capture.trace_root import TraceRoot
 from .watchdog import Watchdog, threshold_from_environment
-from ..step_window import clip
+from ..common.step_window import clip
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Probe:
         if self._watch is not None:
             self._watch.install()
         self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-sidecar-export")
-        # The flight recorder (sidecar/flight_ring.py): always on, fixed memory. Steps in step-driven
+        # The flight recorder (sidecar/probe/flight_ring.py): always on, fixed memory. Steps in step-driven
         # processes; finished requests where the engine integration adds them (the API server).
         capacity = capacity_from_environment() if recorder_steps is None else recorder_steps
         self.ring: StepRing | None = StepRing(capacity) if self.identity.step_driven and capacity > 0 else None
@@ -361,7 +361,7 @@ class Probe:
             capture.start_window()
 
     def _arm_modules(self, spec: ModuleSpec) -> None:
-        """A module-timing job in the second slot (module_job.py); refused where no model is known."""
+        """A module-timing job in the second slot (modules_job.py); refused where no model is known."""
         current = self._scan
         problem = None
         if current is not None and not current.finished:
@@ -420,7 +420,7 @@ class Probe:
 
     def recorder_dump(self, seconds: float = 0.0) -> dict[str, Any]:
         """This process's flight recorder: its last ``seconds`` (0: all it holds), as the columns of
-        each ring (sidecar/flight_ring.py), with the requests in flight where it knows them."""
+        each ring (sidecar/probe/flight_ring.py), with the requests in flight where it knows them."""
         since = time.time_ns() - int(seconds * 1e9) if seconds > 0 else 0
         dump: dict[str, Any] = {"gc": self.gc_pauses.dump(since)}
         if self.ring is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 from urllib.parse import unquote
 
-from .. import config
+from ..common import config
 
 HEADER = "x-sidecar-profile"
 BAGGAGE_HEADER = "baggage"

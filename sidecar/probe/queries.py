@@ -6,7 +6,7 @@ link thread (a few ms), a stacks sampling and a recorder dump on a short-lived t
 waited for). That is what lets a process whose step thread is stuck inside a forward still answer.
 
 A recorder dump can be larger than a channel frame, so it is written as JSON to
-``<trace root>/recorder/<stem>-q<id>.json`` (trace_root.py) and the answer names that file; the
+``<trace root>/recorder/<stem>-q<id>.json`` (capture/trace_root.py) and the answer names that file; the
 sidecar reads it and deletes it. One the sidecar never took (it timed out, or restarted) is deleted
 by the process's next dump. Stacks and requests travel inline.
 
@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..protocol import Answer, Query
-from ..step_window import clip
-from .. import thread_stacks
+from ..common.protocol import Answer, Query
+from ..common.step_window import clip
+from ..stacks import threads as thread_stacks
 
 log = logging.getLogger(__name__)
 

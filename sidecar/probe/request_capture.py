@@ -4,7 +4,7 @@
 before the request reaches the engine: it sends ``request_capture`` over the probe's link and waits
 (asynchronously: the loop serves every other request meanwhile) for the sidecar's answer, which
 comes once the capture is armed in every step-driven process. The request then goes on, and its
-first step is recorded (sidecar/protocol.py: a bound capture begins at arm).
+first step is recorded (sidecar/common/protocol.py: a bound capture begins at arm).
 
 The engine never waits long and never fails because of this: without a connected sidecar the answer
 is "skipped" at once; with no answer within ``wait_s`` the request goes on uncaptured and the ask is
@@ -23,8 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .. import config
-from ..protocol import MAX_REQUEST_ID, RequestCapture, RequestCaptureAnswer, RequestCaptureRelease
+from ..common import config
+from ..common.protocol import MAX_REQUEST_ID, RequestCapture, RequestCaptureAnswer, RequestCaptureRelease
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import logging
 from typing import Callable
 
 from ..engine import EngineProfile
-from ..protocol import SyncReport, SyncSpec
+from ..common.protocol import SyncReport, SyncSpec
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 It runs on the probe's link thread at each heartbeat (every 2 s), never on the step thread, so it
 works when the step thread is blocked inside a forward that never returns. When it fires it takes one
-snapshot of the process's Python stacks (sidecar/thread_stacks.py), logs the step thread's stack as a
+snapshot of the process's Python stacks (sidecar/stacks/threads.py), logs the step thread's stack as a
 warning and keeps the report, which every following heartbeat carries until the step ends: the
 sidecar shows it on ``/healthz`` and as ``sidecar_engine_step_stuck``. Off unless
 ``SIDECAR_WATCHDOG_S`` (or the constructor) gives a threshold.
@@ -16,7 +16,7 @@ import re
 import time
 from typing import Any, Callable, Mapping
 
-from .. import config
+from ..common import config
 
 log = logging.getLogger(__name__)
 

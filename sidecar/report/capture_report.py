@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .. import __version__
+from ..common.version import __version__
 from ..analysis.summary import unique_short_names
 from .charts import Bar, bar_chart, legend, share_bar
 from .document import page

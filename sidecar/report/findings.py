@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from ..analysis.python_stacks import headline as stacks_headline
+from ..stacks.capture_section import headline as stacks_headline
 from ..analysis.summary import engine_step_rows, unique_short_names
 from .markup import duration, percent
 

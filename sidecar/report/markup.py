@@ -9,7 +9,7 @@ import html
 import time
 from typing import Iterable
 
-from ..analysis.report import _t as _duration  # the text report's own way of writing a duration
+from ..analysis.text import _t as _duration  # the text report's own way of writing a duration
 
 
 def esc(value: object) -> str:

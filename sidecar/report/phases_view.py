@@ -3,7 +3,7 @@ which each step is split into its phases, and the section that gives each proces
 
 The summary times each phase per step (``anatomy.processes[].steps[].phases_us``), not where in the
 step its ranges lie: a step's mark is therefore cut into its phases in the order a step runs them
-(``sidecar/phases.py``), each as wide as its time, and the rest of the step (``unphased_us``: for a
+(``sidecar/common/phases.py``), each as wide as its time, and the rest of the step (``unphased_us``: for a
 step-driven process mostly waiting for the next step) left light. A process whose phases are cut by
 another's steps (the API server: ``steps_of``) has no steps of its own to draw them on; the section
 gives its figures.
@@ -11,7 +11,7 @@ gives its figures.
 
 from __future__ import annotations
 
-from ..phases import PHASES
+from ..common.phases import PHASES
 from .charts import legend, share_bar
 from .markup import duration, esc, table, tag
 from .styles import PHASE_COLOURS

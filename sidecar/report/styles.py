@@ -7,7 +7,7 @@ from __future__ import annotations
 # every chart and legend of a report.
 CAUSE_COLOURS = {"sync": "#d62728", "memcpy": "#9467bd", "launch": "#ff7f0e", "host": "#1f77b4",
                  "unknown": "#7f7f7f"}
-# The phases of a step (sidecar/phases.py), in the order a step runs them, and the rest of a step.
+# The phases of a step (sidecar/common/phases.py), in the order a step runs them, and the rest of a step.
 # None is a gap cause's colour: a GPU trace's timeline shows both.
 PHASE_COLOURS = {"input": "#8c564b", "schedule": "#e377c2", "dispatch": "#bcbd22", "wait_model": "#c7c7c7",
                  "prepare": "#17becf", "forward": "#00876c", "sample": "#f0c419", "update": "#393b79",

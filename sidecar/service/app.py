@@ -1,9 +1,12 @@
 """The sidecar's HTTP API (aiohttp). Endpoints are documented in docs/api.md; keep them stable.
 
-This module assembles the service: settings and shared state (keys.py), the refusal of what a web page
-in the user's browser sends (browser_guard.py), authentication and JSON errors, the routes of captures (capture_routes.py) and of their diff (diff_routes.py), sync scans (scan_routes.py), the incident views
-(incident_routes.py: recorder, stacks, requests), processes and health (here), the probe channel (probe_channel.py), the metrics receiver and the pages
-a person opens in a browser (page_routes.py).
+This module assembles the service (``make_app``): settings and shared state (routes/keys.py), the
+refusal of what a web page in the user's browser sends (browser_guard.py), authentication and JSON
+errors, ``/healthz`` (here), and the routes of routes/: captures (captures.py) and their diff
+(diff.py), sync scans (scans.py), module timing (modules.py), the incident views (incidents.py:
+recorder, stacks, requests), triggers (triggers.py), the probe channel and ``/processes``
+(probe_channel.py), the metrics receiver (metrics.py) and the pages a person opens in a browser
+(pages.py).
 """
 
 from __future__ import annotations
@@ -13,41 +16,43 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from .. import __version__, auth
-from ..protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
-from . import merge
+from ..common.version import __version__
+from ..common import auth
+from ..common.protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
+from .export import merge
 from .browser_guard import browser_guard
-from .capture_routes import add_capture_routes, capture_json
-from .diff_routes import add_diff_routes
-from .engine_state_metrics import EngineStateCollector
-from .incident_routes import add_incident_routes
-from .captures import Capture, CaptureManager
-from .job_board import JobBoard
-from .keys import CAPTURES, JOBS, QUERIES, REGISTRY, SCANS, SETTINGS, TRIGGERS
-from .keys import MODULES
-from .module_jobs import ModuleManager
-from .module_routes import add_module_routes
-from .metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, PUSH_LISTENERS, add_metrics_routes
+from .routes.captures import add_capture_routes, capture_json
+from .routes.diff import add_diff_routes
+from .metrics.engine_state import EngineStateCollector
+from .routes.incidents import add_incident_routes
+from .jobs.captures import Capture, CaptureManager
+from .jobs.board import JobBoard
+from .routes.keys import CAPTURES, JOBS, QUERIES, REGISTRY, SCANS, SETTINGS, TRIGGERS
+from .routes.keys import MODULES
+from .jobs.modules import ModuleManager
+from .routes.modules import add_module_routes
+from .routes.metrics import CAPTURE_METRICS, METRICS_REGISTRY, PUSH_LISTENERS, add_metrics_routes
 from .openapi import OPENAPI_PATH, openapi_json
-from .page_routes import add_page_routes, unauthorized_page
-from .params import ParamError
-from .probe_channel import add_probe_channel
-from .registry import ProbeRegistry
-from .request_captures import REQUEST_CAPTURES, RequestCaptures
-from .responses import JSON, http_exception_json, json_error
-from .scan_routes import add_scan_routes
-from .scans import ScanManager
-from .settings import ServiceSettings
-from .sync_findings import SyncFindings, WatchCollector
-from .trigger_routes import add_trigger_routes
-from .triggers import Triggers
+from .routes.pages import add_page_routes, unauthorized_page
+from .jobs.params import ParamError
+from .routes.probe_channel import add_probe_channel
+from .channel.registry import ProbeRegistry
+from .jobs.request_captures import RequestCaptures
+from .routes.keys import REQUEST_CAPTURES
+from .routes.responses import JSON, http_exception_json, json_error
+from .routes.scans import add_scan_routes
+from .jobs.scans import ScanManager
+from .routes.settings import ServiceSettings
+from .metrics.sync_findings import SyncFindings, WatchCollector
+from .routes.triggers import add_trigger_routes
+from .incidents.triggers import Triggers
 
 __all__ = ["ServiceSettings", "make_app"]
 
 log = logging.getLogger(__name__)
 
 # Paths the HTTP token does not guard: the health check needs none; the probe channel and the
-# metrics push never carry the token: their handlers check a proof of it (an HMAC, sidecar/auth.py).
+# metrics push never carry the token: their handlers check a proof of it (an HMAC, sidecar/common/auth.py).
 _OPEN_PATHS = ("/healthz", PROBE_WS_PATH, METRICS_PUSH_PATH)
 
 
@@ -57,7 +62,7 @@ async def errors_and_auth(request: web.Request, handler):
     token = request.app[SETTINGS].http_token
     if token and request.path not in _OPEN_PATHS:
         if not auth.bearer_matches(request.headers.get("Authorization"), token):
-            # A browser opening a page gets a form that asks for the token (page_routes.py); others the JSON.
+            # A browser opening a page gets a form that asks for the token (routes/pages.py); others the JSON.
             return unauthorized_page(request) or json_error(
                 401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
     try:
@@ -76,10 +81,6 @@ async def errors_and_auth(request: web.Request, handler):
             raise
         log.exception("%s %s failed", request.method, request.path)
         return json_error(500, "internal_server_error", "the sidecar failed on this request; its log says why")
-
-
-async def processes(request: web.Request) -> web.Response:
-    return web.json_response({"processes": [c.to_json() for c in request.app[REGISTRY].all()]})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -122,7 +123,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
     app[SCANS] = ScanManager(registry, board, settings.trace_dir / "scans", keep=settings.keep,
                              keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, on_finished=SyncFindings(app[METRICS_REGISTRY]).observe)
 
-    # Module timing (module_jobs.py): the third kind of job, on the same board.
+    # Module timing (jobs/modules.py): the third kind of job, on the same board.
     app[MODULES] = ModuleManager(registry, board, settings.trace_dir / "modules", keep=settings.keep,
                                  keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s)
 
@@ -141,13 +142,13 @@ def make_app(settings: ServiceSettings) -> web.Application:
     add_scan_routes(app)
     add_module_routes(app)
     add_incident_routes(app)
-    app.add_routes([web.get("/processes", processes), web.get("/healthz", healthz)])
+    app.add_routes([web.get("/healthz", healthz)])
     # The API's OpenAPI document (docs/api.md, "OpenAPI"); behind the token like every endpoint but /healthz.
     app.router.add_get(OPENAPI_PATH, openapi_json)
     # The pages a person opens in a browser: the home page and a capture's report (docs/report.md).
     add_page_routes(app)
     add_probe_channel(app)
-    # Triggers see each heartbeat and metrics push as it arrives (triggers.py).
+    # Triggers see each heartbeat and metrics push as it arrives (incidents/triggers.py).
     triggers = Triggers(registry=registry, captures=app[CAPTURES], scans=app[SCANS], queries=app[QUERIES],
                         trace_dir=settings.trace_dir, metrics=app[METRICS_REGISTRY])
     for rule in settings.triggers:

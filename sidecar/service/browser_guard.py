@@ -32,10 +32,10 @@ from urllib.parse import urlsplit
 
 from aiohttp import hdrs, web
 
-from .. import config
-from ..protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
-from .keys import SETTINGS
-from .responses import json_error
+from ..common import config
+from ..common.protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
+from .routes.keys import SETTINGS
+from .routes.responses import json_error
 
 # A GET to these starts a job: state changes on them whatever the method (the other starts and stops,
 # the trigger routes, and every future route that changes state take POST or DELETE).

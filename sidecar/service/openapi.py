@@ -2,7 +2,7 @@
 
 It is built from the app's own route table: every route must have an entry in ``OPERATIONS`` (a route
 without one fails the build, and tests/service/test_openapi.py checks both directions and the headings
-of docs/api.md). The start parameters come from params.py: their names are ``KNOWN`` and
+of docs/api.md). The start parameters come from jobs/params.py: their names are ``KNOWN`` and
 ``SCAN_KNOWN`` (the build fails when a name has no schema here, or a schema no name), their enums
 ``ACTIVITIES``, ``STACK_MODES`` and the standard roles, their ranges the same constants the parser
 checks against, so the document cannot drift from what the parser accepts.
@@ -15,19 +15,20 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from .. import __version__, auth, config
-from ..protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ, METRICS_PUSH_PATH, PROBE_WS_PATH
-from .diff_routes import DIFF_FORMATS
-from .jobs import CAPTURE, MODULES, SCAN
-from .keys import SETTINGS
-from .metrics_receiver import DECODED_ENCODINGS, MAX_BODY_BYTES, PROTOBUF, SCRAPE_PATH
-from .params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFAULT_STACKS_HZ, KNOWN, MAX_INSTANCE, MAX_STACKS_HZ,
+from ..common.version import __version__
+from ..common import auth, config
+from ..common.protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ, METRICS_PUSH_PATH, PROBE_WS_PATH
+from .routes.diff import DIFF_FORMATS
+from .jobs.model import CAPTURE, MODULES, SCAN
+from .routes.keys import SETTINGS
+from .routes.metrics import DECODED_ENCODINGS, MAX_BODY_BYTES, PROTOBUF, SCRAPE_PATH
+from .jobs.params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFAULT_STACKS_HZ, KNOWN, MAX_INSTANCE, MAX_STACKS_HZ,
                      MIN_STACK_HZ, RECORDER_FORMATS, SCAN_KNOWN, STACK_MODES, STACKS_FORMATS, STACKS_MODES,
                      STACKS_THREADS, known_roles)
-from .params import MAX_MODULE_STEPS, MODULES_KNOWN
-from ..protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
-from . import trigger_rules as tr
-from .request_body import JSON
+from .jobs.params import MAX_MODULE_STEPS, MODULES_KNOWN
+from ..common.protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
+from .incidents import trigger_rules as tr
+from .routes.request_body import JSON
 
 __all__ = ["OPENAPI_PATH", "OPERATIONS", "build_document", "id_pattern", "openapi_json"]
 
@@ -37,7 +38,7 @@ ANY_METHOD = ("GET", "POST")
 
 
 def id_pattern(kind) -> str:
-    """The ids ``kind.is_id`` accepts (jobs.py: ``YYYYmmdd-HHMMSS-xxxxxx`` after the kind's prefix)."""
+    """The ids ``kind.is_id`` accepts (jobs/model.py: ``YYYYmmdd-HHMMSS-xxxxxx`` after the kind's prefix)."""
     return "^" + kind.id_prefix + r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$"
 
 
@@ -150,7 +151,7 @@ def _processes_query() -> dict[str, Any]:
 
 
 _INCIDENT_ERRORS = {"400": _error("bad_parameter naming the parameter (param)"), "503": _error("no_engine_processes")}
-# /stacks and /recorder: one at a time per engine process (query_slots.py).
+# /stacks and /recorder: one at a time per engine process (channel/query_slots.py).
 _ONE_AT_A_TIME = {"429": _error("query_in_progress: a selected process runs a stacks or recorder query (Retry-After)")}
 
 TRIGGER_ID_PATTERN = "^trg-[0-9a-f]{8}$"
@@ -302,7 +303,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       "401": _error("unauthorized: no valid signature, or a replay"),
                       "413": _error("too_large"), "415": _error("unsupported_media_type")}},
     ("GET", PROBE_WS_PATH): {
-        "summary": "the probe channel: a websocket (typed JSON frames, sidecar/protocol.py)", "security": [],
+        "summary": "the probe channel: a websocket (typed JSON frames, sidecar/common/protocol.py)", "security": [],
         "websocket": True, "description": "Not a REST endpoint: an HTTP upgrade to a websocket, authenticated "
         "in its first frames (docs/api.md, Probe authentication).",
         "responses": {"101": {"description": "switching protocols: the websocket"}}},

@@ -23,7 +23,7 @@ from typing import Any, Callable, Collection, Sequence
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 
-from .responses import error_code, json_error
+from .routes.responses import error_code, json_error
 
 
 class JsonErrorsProtocol(web.RequestHandler):

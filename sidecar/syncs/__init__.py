@@ -1,10 +1,16 @@
-"""Hidden-sync detector: which lines of an engine's step make the host wait for the device.
+"""Hidden-sync detector: which lines of an engine's step make the host wait for the device
+(docs/syncs.md). Imports only sidecar.common; sidecar.engine builds a profile's locator and allowlist
+from it. Sync sites read back from a trace file are sidecar.analysis.sync_sites.
 
-``SyncScan`` (scan.py) scans N working steps, a step window like a capture's (sidecar/step_window.py;
-its ``SyncSpec`` is in sidecar.protocol); ``SyncDetector``
-(detector.py) does the catching; report.py holds the per-site report, baseline comparison and the
-merge across processes; allowlist.py says which sites are expected; ``SyncWatch`` (watch.py) is the
-always-on, sampled watch for CUDA hosts. See docs/syncs.md.
+    scan       ``SyncScan``: N working steps of one process scanned, a step window like a capture's
+    detector   ``SyncDetector``: catches every host-device sync made on the thread that armed it
+    ops        which aten calls make the host wait for the device, and their names in a report
+    patches    syncs that never reach torch's dispatcher, caught by wrapping Python attributes while armed
+    sites      where a sync came from (the first frame outside torch and this project) and its step phase
+    allowlist  which sites are expected: the engine's deliberate transfers plus the user's own file
+    report     the per-site report, the baseline comparison, the merge across processes
+    settings   the detector's environment variables
+    watch      ``SyncWatch``: the always-on, sampled watch for CUDA hosts
 
 Exports load lazily (PEP 562): the sidecar process merges reports without importing torch, which
 the detector needs and which costs it a second at start-up.
@@ -22,7 +28,7 @@ _EXPORTS = {
     "SyncDetector": ".detector",
     "build_sites": ".report", "merge_reports": ".report", "merge_watch_reports": ".report", "new_sites": ".report",
     "SyncScan": ".scan",
-    "SyncSpec": "..protocol",  # a scan's spec is a probe-channel message part
+    "SyncSpec": "..common.protocol",  # a scan's spec is a probe-channel message part
     "ENV_ALLOWLIST": ".settings", "ENV_TREAT_CPU_AS_DEVICE": ".settings", "ENV_WATCH": ".settings",
     "ENV_WATCH_EVERY": ".settings",
     "PhaseRule": ".sites", "SiteLocator": ".sites",

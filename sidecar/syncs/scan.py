@@ -1,10 +1,10 @@
 """Scan exactly N working steps of one process for hidden syncs.
 
-``SyncScan`` is a step window (sidecar/step_window.py), like a capture: armed, it waits for the
+``SyncScan`` is a step window (sidecar/common/step_window.py), like a capture: armed, it waits for the
 sidecar's ``begin(start_step)``; the detector is armed on the step thread at the beginning of the
 first working step at or after the start step, enabled for each working step of the window, and
 disarmed at the end of the N-th; steps with no work are not scanned or counted. Findings go out as
-``SyncReport`` structs (sidecar.protocol): ``armed`` (with the process's working-step count, from
+``SyncReport`` structs (sidecar.common.protocol): ``armed`` (with the process's working-step count, from
 ``report_armed``), ``scanning``, then ``done`` with ``sites`` (report.py). A scan stopped early
 still reports ``done`` with what it saw, and ``stop_reason``; one stopped before its first step
 reports ``failed``.
@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
-from ..step_window import StepWindow
-from ..protocol import P_DONE, P_SCANNING, SyncReport, SyncSpec
+from ..common.step_window import StepWindow
+from ..common.protocol import P_DONE, P_SCANNING, SyncReport, SyncSpec
 from .allowlist import Allowlist
 from .detector import SyncDetector
 from .report import build_sites

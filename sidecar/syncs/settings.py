@@ -1,7 +1,7 @@
 """Environment variables of the sync detector, one constant each (see docs/syncs.md).
 
 Constructor arguments override the environment; a bad environment value is logged as an error naming
-the variable and replaced by the default (booleans are read by ``sidecar.config.env_flag``, the one
+the variable and replaced by the default (booleans are read by ``sidecar.common.config.env_flag``, the one
 parser of boolean settings), so a typo never stops an engine from starting.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..config import env_flag
+from ..common.config import env_flag
 
 log = logging.getLogger(__name__)
 

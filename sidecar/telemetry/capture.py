@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, Tracer
 
-from ..protocol import CaptureReport, Verdict
+from ..common.protocol import CaptureReport, Verdict
 from .clock import to_ns
 
 log = logging.getLogger(__name__)

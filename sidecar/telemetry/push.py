@@ -1,7 +1,7 @@
 """Engine processes push their metrics to the sidecar (OTLP/HTTP, protobuf) for its one /metrics.
 
-The URL is the sidecar's endpoint plus ``sidecar.protocol.METRICS_PUSH_PATH``
-(``TelemetrySettings.sidecar_metrics_url``), where ``sidecar.service.metrics_receiver`` listens.
+The URL is the sidecar's endpoint plus ``sidecar.common.protocol.METRICS_PUSH_PATH``
+(``TelemetrySettings.sidecar_metrics_url``), where ``sidecar.service.routes.metrics`` listens.
 
 A MetricExporter with a short timeout and no retries: the next push carries the same cumulative
 values, so a lost one costs nothing. It runs on the metric reader's thread, never on the engine's
@@ -9,7 +9,7 @@ step path. The token is read on every push, so a sidecar started after the engin
 An unreachable sidecar is logged once, and once more when it is reachable again.
 
 The token is never sent: each push is signed (``X-Sidecar-Timestamp``, ``X-Sidecar-Signature`` =
-HMAC-SHA256 of the timestamp and the body's SHA-256, sidecar/auth.py), so whatever listens on the
+HMAC-SHA256 of the timestamp and the body's SHA-256, sidecar/common/auth.py), so whatever listens on the
 sidecar's port learns nothing it could use for another body or, after a minute, at all. Without a
 token the push goes unsigned (a sidecar always has one, and refuses it).
 """
@@ -35,7 +35,7 @@ from opentelemetry.sdk.metrics import (
 
 from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter, MetricExportResult, MetricsData
 
-from .. import auth
+from ..common import auth
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 One constant per variable with its default. A bad environment value is logged and replaced by the
 default (telemetry must never stop an engine from starting; booleans are read by
-``sidecar.config.env_flag``, which logs an error naming the variable); a bad constructor argument
+``sidecar.common.config.env_flag``, which logs an error naming the variable); a bad constructor argument
 raises.
 """
 
@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from .. import config
-from ..protocol import METRICS_PUSH_PATH
+from ..common import config
+from ..common.protocol import METRICS_PUSH_PATH
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from .. import __version__, auth
+from ..common.version import __version__
+from ..common import auth
 from ..engine import GENERIC, EngineProfile
 from .export import DROP_EXPORT_FAILED, DROP_QUEUE_FULL, DROP_SHUTDOWN, BoundedSpanProcessor
 from .gpu import GpuSampler

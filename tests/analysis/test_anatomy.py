@@ -1,4 +1,4 @@
-"""Step anatomy (sidecar/analysis/anatomy.py) on hand-built traces whose every figure is known."""
+"""Step anatomy (sidecar/analysis/questions/anatomy.py) on hand-built traces whose every figure is known."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sidecar.analysis.arrays import distinct, isin
+from sidecar.analysis.reader.arrays import distinct, isin
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -27,7 +27,7 @@ def test_edge_cases():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_start_order_is_lexsort_by_start_then_longest_first(seed):
-    from sidecar.analysis.nesting import start_order
+    from sidecar.analysis.reader.nesting import start_order
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 300))
@@ -40,7 +40,7 @@ def test_start_order_is_lexsort_by_start_then_longest_first(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_covered_matches_a_walk_over_the_union(seed):
-    from sidecar.analysis import intervals
+    from sidecar.analysis.questions import intervals
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 60))
@@ -54,7 +54,7 @@ def test_covered_matches_a_walk_over_the_union(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_groups_is_unique_with_first_index_and_inverse(seed):
-    from sidecar.analysis.arrays import groups
+    from sidecar.analysis.reader.arrays import groups
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 400))

@@ -71,7 +71,7 @@ def test_busy_is_at_most_kernel_time_and_span(name, summary_of):
 @pytest.mark.parametrize("name", TRACE_NAMES)
 def test_synchronize_counts(name, summary_of, plain_of):
     trace = plain_of(name)
-    # torch.profiler's own synchronize at stop is not a finding (sidecar/analysis/syncs.py)
+    # torch.profiler's own synchronize at stop is not a finding (sidecar/analysis/questions/syncs.py)
     expected = plain.host_calls(trace, plain.SYNC_NAMES | plain.BLOCKING_COPY_NAMES, plain.profiler_stop_syncs(trace))
     syncs = {s["name"]: s for s in summary_of(name)["syncs"] if s["kind"] in ("sync", "blocking_copy")}
     assert set(syncs) == set(expected)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.analysis import analyze_path
-from sidecar.analysis import spread
-from sidecar.analysis.diff import diff_summaries
-from sidecar.analysis.diff_report import format_diff
+from sidecar.analysis.diff import spread
+from sidecar.analysis.diff.changes import diff_summaries
+from sidecar.analysis.diff.text import format_diff
 
 from . import synth as S
 from .conftest import TRACE_NAMES, trace_path

@@ -127,9 +127,9 @@ def test_collective_overlap(tmp_path):
 
 
 def test_merged_trace_splits_processes(tmp_path):
-    """The sidecar's merged trace (sidecar.service.merge.write_merged) of two workers whose
+    """The sidecar's merged trace (sidecar.service.export.merge.write_merged) of two workers whose
     correlation ids are all the same: each worker gets exactly its own kernels and steps."""
-    from sidecar.service.merge import check_trace, write_merged
+    from sidecar.service.export.merge import check_trace, write_merged
 
     with gzip.open(trace_path("a100-cuda-event-sync.json.gz"), "rt") as fh:
         rank0 = json.load(fh)

@@ -1,4 +1,4 @@
-"""One trace read by two processes (sidecar/analysis/halves.py): the head in a forked child, the tail
+"""One trace read by two processes (sidecar/analysis/reader/halves.py): the head in a forked child, the tail
 here. The joined result must be what a reading in one go gives, field for field; a cut that is not
 between two events of ``traceEvents`` must be noticed (and the file read in one go); errors must be
 those of a reading in one go."""
@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.analysis import halves, summary
-from sidecar.analysis.collect import TraceData
-from sidecar.analysis.errors import TraceFormatError
+from sidecar.analysis.reader import halves
+from sidecar.analysis import summary
+from sidecar.analysis.reader.collect import TraceData
+from sidecar.analysis.reader.errors import TraceFormatError
 
 from . import synth
 from .conftest import trace_path

@@ -1,4 +1,4 @@
-"""More inputs for the reading in two processes (sidecar/analysis/halves.py): each must give what a
+"""More inputs for the reading in two processes (sidecar/analysis/reader/halves.py): each must give what a
 reading in one go gives (the same TraceData, or the same error), reap its child and close its pipe."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.analysis import halves, summary
-from sidecar.analysis.errors import TraceFormatError
-from sidecar.analysis.stream import SLICE_BYTES, TopLevel
-from sidecar.analysis.stream_parts import Cut, tail_events
+from sidecar.analysis.reader import halves
+from sidecar.analysis import summary
+from sidecar.analysis.reader.errors import TraceFormatError
+from sidecar.analysis.reader.stream import SLICE_BYTES, TopLevel
+from sidecar.analysis.reader.stream_parts import Cut, tail_events
 
 from . import synth
 from .test_halves import assert_reaped, assert_same

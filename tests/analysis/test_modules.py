@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from sidecar.analysis import analyze_path, format_report
-from sidecar.analysis.modules import ABSENT_NOTE, CATEGORIES, category_of, type_of
+from sidecar.analysis.questions.modules import ABSENT_NOTE, CATEGORIES, category_of, type_of
 from sidecar.engine import ENGINE_CORE, WORKER
-from sidecar.probe.profiler_options import module_mode, stack_mode
-from sidecar.probe.recorder import StepCapture
-from sidecar.protocol import CaptureSpec
+from sidecar.probe.capture.profiler_options import module_mode, stack_mode
+from sidecar.probe.capture.profiler import StepCapture
+from sidecar.common.protocol import CaptureSpec
 
 from . import synth
 from .conftest import TRACE_NAMES, trace_path

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.analysis.one_shot import BLAS_THREADS, one_shot
+from sidecar.cli.one_shot import BLAS_THREADS, one_shot
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ sys.meta_path.insert(0, Watch())
 
 def test_numpy_loads_with_one_blas_thread_and_the_environment_is_restored():
     out = _python(_WATCH_NUMPY_IMPORT + """
-from sidecar.analysis.one_shot import one_shot
+from sidecar.cli.one_shot import one_shot
 with one_shot(whole_process=False):
     import numpy
 print(seen, os.environ.get("OPENBLAS_NUM_THREADS"))
@@ -82,7 +82,7 @@ print(code, seen, os.environ.get("OPENBLAS_NUM_THREADS"), gc.isenabled())
 
 def test_a_users_own_blas_setting_is_left_alone():
     out = _python(_WATCH_NUMPY_IMPORT + """
-from sidecar.analysis.one_shot import one_shot
+from sidecar.cli.one_shot import one_shot
 with one_shot(whole_process=False):
     import numpy
 print(seen, os.environ.get("OPENBLAS_NUM_THREADS"))
@@ -107,7 +107,7 @@ atexit.register(lambda: print(len(calls), gc.get_freeze_count() > 0))
 ])
 def test_frozen_only_for_the_process_own_command(commands, whole_process, expected):
     code = _WATCH_FREEZE + f"""
-from sidecar.analysis.one_shot import one_shot
+from sidecar.cli.one_shot import one_shot
 for _ in range({commands}):
     with one_shot(whole_process={whole_process}):
         pass
@@ -139,7 +139,7 @@ def test_no_collection_walks_the_command_objects_after_it():
     nothing the command made (the pass over them took 15 ms on the largest shared trace)."""
     out = _python("""
 import gc
-from sidecar.analysis.one_shot import one_shot
+from sidecar.cli.one_shot import one_shot
 with one_shot(whole_process=True):
     made = [[i] for i in range(5000)]  # tracked objects, as a command makes them
 print(gc.get_count()[0] < 1000, gc.isenabled())

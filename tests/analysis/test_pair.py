@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from sidecar.analysis import analyze_path, pair
-from sidecar.analysis.errors import TraceFormatError
+from sidecar.analysis import analyze_path
+from sidecar.analysis.diff import pair
+from sidecar.analysis.reader.errors import TraceFormatError
 
 from .conftest import trace_path
 

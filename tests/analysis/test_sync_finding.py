@@ -1,14 +1,14 @@
-"""The sync finding on its own (what ``sidecar.syncs.trace`` runs) finds exactly what the whole
+"""The sync finding on its own (what ``sidecar.analysis.sync_sites`` runs) finds exactly what the whole
 per-process analysis finds, on every recorded trace."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.analysis import intervals, kernels
-from sidecar.analysis.processes import split_processes
+from sidecar.analysis.questions import intervals, kernels
+from sidecar.analysis.reader.processes import split_processes
 from sidecar.analysis.summary import analyze_process, load
-from sidecar.analysis.syncs import find_process_syncs
+from sidecar.analysis.questions.gaps import find_process_syncs
 
 from .conftest import TRACE_NAMES, trace_path
 

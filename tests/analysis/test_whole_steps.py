@@ -1,4 +1,4 @@
-"""A trace that says its step ranges are whole (sidecar/phases.py ``whole_steps``: the sidecar's probe
+"""A trace that says its step ranges are whole (sidecar/common/phases.py ``whole_steps``: the sidecar's probe
 opens and closes them at step boundaries only) has no partial step, however short its last range;
 any other trace's last range is still judged by its length (issue 28: a loaded host or a
 tensor-parallel worker that waits between steps made the probe's last step read as cut off)."""

@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 
 from .conftest import CHROMIUM, LAUNCH_ARGS, missing
 

@@ -11,8 +11,8 @@ import json
 import pytest
 
 from report.hostile import MARKERS, PROCESS  # tests/report
-from sidecar.protocol import ProcessIdentity
-from sidecar.service.keys import REGISTRY
+from sidecar.common.protocol import ProcessIdentity
+from sidecar.service.routes.keys import REGISTRY
 from test_service import engines, wait_processes  # noqa: F401 (fixture and helper)
 
 from .conftest import screenshot

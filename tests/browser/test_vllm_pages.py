@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 
 from .conftest import screenshot
 from .form_steps import start_from_the_form, wait_done

@@ -21,7 +21,7 @@ from pathlib import Path
 from aiohttp import WSMsgType, web
 
 from relay import Relay
-from sidecar.protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
+from sidecar.common.protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
 
 
 class Squatter:

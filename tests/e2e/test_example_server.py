@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from otlp_receiver import OtlpReceiver
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 from sidecar.devtools.stack import Stack
-from sidecar.verdicts import FINAL
+from sidecar.common.verdicts import FINAL
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "continuous_batching_server.py"
 STEPS = 4

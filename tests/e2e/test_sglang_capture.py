@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 
 pytestmark = pytest.mark.sglang
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from sidecar.client import SidecarClient, SidecarError
+from sidecar.cli.client import SidecarClient, SidecarError
 
 pytestmark = pytest.mark.vllm
 
@@ -77,7 +77,7 @@ def test_second_and_third_captures_on_the_same_server(vllm_stack, background_loa
     events, _ = merged_events(client, second, tmp_path)
     assert any("Input Dims" in e.get("args", {}) for e in events if e.get("cat") == "cpu_op"), "record_shapes was honoured"
     # With shapes each step is a profiler session of its own, joined into one trace per process
-    # (sidecar/probe/trace_parts.py): both steps there once, and the worker's forward ops with their
+    # (sidecar/probe/capture/trace_parts.py): both steps there once, and the worker's forward ops with their
     # shapes in each (the engine core's few ops need not have tensor inputs in every step).
     for proc in (p for p in second["processes"] if p["role"] != "api_server"):
         steps = sorted((e for e in events if e.get("pid") == proc["pid"] and e.get("name", "").startswith("ProfilerStep#")),

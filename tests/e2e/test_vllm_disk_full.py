@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from shared_stacks import SMALL_DISK_FLOOR_MB as FLOOR_MB
-from sidecar.client import SidecarClient, SidecarError
-from sidecar.service.disk_space import NO_SPACE, tree_bytes
+from sidecar.cli.client import SidecarClient, SidecarError
+from sidecar.service.export.disk_space import NO_SPACE, tree_bytes
 
 pytestmark = pytest.mark.vllm
 

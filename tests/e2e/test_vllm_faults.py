@@ -31,9 +31,9 @@ import aiohttp
 import psutil
 import pytest
 
-from sidecar.client import SidecarClient, SidecarError
+from sidecar.cli.client import SidecarClient, SidecarError
 from sidecar.devtools.traffic import stream_one
-from sidecar.service.capture_index import INTERRUPTED
+from sidecar.service.jobs.capture_index import INTERRUPTED
 from sidecar_vllm.devtools import VllmStack
 
 from fault_tools import Squatter, token_forms, tree

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 
 pytestmark = pytest.mark.vllm
 

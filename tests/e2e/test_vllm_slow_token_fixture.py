@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from completions import complete
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 from sidecar_vllm.devtools import VllmStack
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from sidecar.client import SidecarClient
-from sidecar.probe.profiler_options import WINDOW_MAX_STACK_HZ
+from sidecar.cli.client import SidecarClient
+from sidecar.probe.capture.profiler_options import WINDOW_MAX_STACK_HZ
 
 pytestmark = pytest.mark.vllm
 
@@ -58,7 +58,7 @@ def test_sampled_stacks_from_the_engine_core_and_the_worker(vllm_stack, backgrou
         files = {e["args"]["file"] for e in frames}
         assert any("/vllm/" in f for f in files), sorted(files)[:20]
     # The API server's event loop is sampled too, at its capped rate (each sample makes the loop
-    # hand over the GIL: sidecar/probe/recorder.py), and says so in its summary.
+    # hand over the GIL: sidecar/probe/capture/profiler.py), and says so in its summary.
     api = by_role["api_server"]
     assert api["stack_summary"]["samples"] > 0 and api["stack_summary"]["target_hz"] == WINDOW_MAX_STACK_HZ, api
     api_files = {e["args"]["file"] for e in slices.get(api["pid"], [])}

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 
 pytestmark = pytest.mark.vllm
 STEPS = 3

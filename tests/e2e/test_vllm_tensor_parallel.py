@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from parallel_server import wait_until_every_engine_process_steps
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.tensor_parallel]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from completions import complete
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 
 pytestmark = pytest.mark.vllm
 

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from parallel_server import wait_until_every_engine_process_steps
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.multi_server]
 

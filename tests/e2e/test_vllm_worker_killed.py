@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 
 pytestmark = pytest.mark.vllm
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 from sidecar.devtools.stack import Stack
 
 FAKE_ENGINE = Path(__file__).resolve().parents[1] / "fake_engine.py"

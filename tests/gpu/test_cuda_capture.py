@@ -72,7 +72,7 @@ def test_python_stacks_on_a_cuda_worker(gpu_host):
 
 def test_a_capture_with_shapes_recorded_a_session_per_step_keeps_every_steps_kernels(gpu_host):
     """record_shapes makes each process record one profiler session per step, joined into one trace
-    (sidecar/probe/trace_parts.py): on CUDA each session's stop flushes its kernels, which must all
+    (sidecar/probe/capture/trace_parts.py): on CUDA each session's stop flushes its kernels, which must all
     be there, each inside the step that launched it."""
     with gpu_host() as host:
         host.standard_engine("--planted-sync")

@@ -4,7 +4,7 @@ stand-in) and by the always-on watch (CUDA's own sync debug mode)."""
 import time
 from pathlib import Path
 
-from sidecar.verdicts import FINAL
+from sidecar.common.verdicts import FINAL
 
 from host import FAKE_ENGINE
 

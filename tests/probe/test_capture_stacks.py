@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 
 from sidecar.engine import API_SERVER, ENGINE_CORE, WORKER
-from sidecar.probe import stack_sampler
-from sidecar.probe.limits import ProbeLimits
-from sidecar.probe.profiler_options import WINDOW_MAX_STACK_HZ, stack_mode
-from sidecar.probe.recorder import StepCapture, WindowCapture
-from sidecar.protocol import CaptureReport, CaptureSpec
-from sidecar.service.disk_space import NO_SPACE
-from sidecar.service.merge import FinalizeResult, finalize_capture
-from sidecar.stack_samples import read as read_samples
-from sidecar.stack_samples import samples_path
+from sidecar.stacks import sampler as stack_sampler
+from sidecar.probe.capture.limits import ProbeLimits
+from sidecar.probe.capture.profiler_options import WINDOW_MAX_STACK_HZ, stack_mode
+from sidecar.probe.capture.profiler import StepCapture, WindowCapture
+from sidecar.common.protocol import CaptureReport, CaptureSpec
+from sidecar.service.export.disk_space import NO_SPACE
+from sidecar.service.export.merge import FinalizeResult, finalize_capture
+from sidecar.stacks.samples_file import read as read_samples
+from sidecar.stacks.samples_file import samples_path
 
 ID = "20260101-000000-abcdef"
 
@@ -98,7 +98,7 @@ class Rec:
 
 
 def finalize(tmp_path: Path, done: CaptureReport) -> tuple[FinalizeResult, Path]:
-    """The sidecar's export of one process's done report (sidecar.service.merge)."""
+    """The sidecar's export of one process's done report (sidecar.service.export.merge)."""
     capture_dir = tmp_path / "traces" / "captures" / ID
     capture_dir.mkdir(parents=True, exist_ok=True)
     rec = Rec(done.file, done.stacks_file, done.stacks, done.stack_summary)
@@ -307,7 +307,7 @@ def busy_event_loop_callback(seconds: float) -> None:
 @pytest.mark.parametrize("asked_hz, sampled_hz", [(1000.0, WINDOW_MAX_STACK_HZ), (20.0, 20.0)])
 def test_window_capture_samples_its_event_loop_at_a_capped_rate(tmp_path, exporter, asked_hz, sampled_hz):
     """The API server's capture samples its event loop's thread at most WINDOW_MAX_STACK_HZ times a
-    second (each sample forces the loop to hand over the GIL: recorder.py), a lower rate as asked;
+    second (each sample forces the loop to hand over the GIL: sidecar/probe/capture/profiler.py), a lower rate as asked;
     the samples file says the rate used, and the loop's own function is in the samples."""
     loop = asyncio.new_event_loop()
     loop_thread = threading.Thread(target=loop.run_forever, daemon=True)

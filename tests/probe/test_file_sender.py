@@ -5,8 +5,8 @@ import hashlib
 import os
 
 from sidecar.probe.file_sender import FileSender
-from sidecar.probe.trace_root import TraceRoot
-from sidecar.protocol import CHUNK_BYTES, Fetch
+from sidecar.probe.capture.trace_root import TraceRoot
+from sidecar.common.protocol import CHUNK_BYTES, Fetch
 
 
 def test_a_raw_trace_goes_in_chunks_and_is_deleted(tmp_path):

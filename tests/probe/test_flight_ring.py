@@ -1,4 +1,4 @@
-"""The flight recorder's rings (sidecar/flight_ring.py): what they keep, in which order, what a dump
+"""The flight recorder's rings (sidecar/probe/flight_ring.py): what they keep, in which order, what a dump
 taken while another thread writes may contain, what a step costs the garbage collector, the
 environment variable that sizes the step ring, and what the link thread reads of the step ring
 between dumps (the slowest step since a heartbeat, the step rate at "arm")."""
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from sidecar import flight_ring
-from sidecar.config import ENV_RECORDER_STEPS
-from sidecar.flight_ring import (
+from sidecar.probe import flight_ring
+from sidecar.common.config import ENV_RECORDER_STEPS
+from sidecar.probe.flight_ring import (
     DEFAULT_STEP_CAPACITY,
     STEP_FIELDS,
     MAX_STEP_CAPACITY,
@@ -116,7 +116,7 @@ def test_since_keeps_the_steps_that_end_at_or_after_it():
 
 def test_since_tests_every_row_when_the_wall_clock_was_stepped_back(monkeypatch):
     clock = iter([10, 20, 5, 30, 12, 40])  # end times of six steps (no begin: start = end)
-    monkeypatch.setattr("sidecar.flight_ring.time_ns", lambda: next(clock))
+    monkeypatch.setattr("sidecar.probe.flight_ring.time_ns", lambda: next(clock))
     ring = StepRing(8)
     for step in range(6):
         ring.end(step, True, batch=step)
@@ -453,7 +453,7 @@ def test_the_step_capacity_reads_the_process_environment_by_default(monkeypatch)
 
 
 def test_slowest_since_reads_only_the_steps_that_ended_since_the_last_read(monkeypatch):
-    import sidecar.flight_ring as fr
+    import sidecar.probe.flight_ring as fr
 
     clock = iter(range(0, 10**12, 10**6))  # each clock read 1 ms after the last
     monkeypatch.setattr(fr, "time_ns", lambda: next(clock))

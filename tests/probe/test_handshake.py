@@ -108,7 +108,7 @@ async def test_a_probe_with_another_token_is_refused_by_the_sidecar(sidecar, mon
     """The probe answers the sidecar's challenge with a proof made with its own token. (A real
     probe stops earlier, at the sidecar's proof: here its check is made to pass, as a probe that
     does not check would.)"""
-    from sidecar import auth
+    from sidecar.common import auth
 
     monkeypatch.setenv("SIDECAR_TOKEN", "the-probes-token")
     monkeypatch.setattr(auth, "sidecar_proof_ok", lambda *args: True)
@@ -122,7 +122,7 @@ async def test_a_probe_with_another_token_is_refused_by_the_sidecar(sidecar, mon
         finally:
             await asyncio.to_thread(probe.close)
     assert body["processes"] == []
-    service = [r.getMessage() for r in caplog.records if r.name == "sidecar.service.probe_channel"]
+    service = [r.getMessage() for r in caplog.records if r.name == "sidecar.service.routes.probe_channel"]
     assert any("refused" in m and "proof" in m for m in service), service
     link = [r.getMessage() for r in caplog.records if r.name == "sidecar.probe.link" and r.levelno >= logging.WARNING]
     assert any("refused this probe" in m and "proof" in m for m in link), link

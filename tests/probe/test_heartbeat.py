@@ -4,9 +4,9 @@ link dropped."""
 import time
 from types import SimpleNamespace
 
-from sidecar.flight_ring import StepRing
+from sidecar.probe.flight_ring import StepRing
 from sidecar.probe.heartbeat import HeartbeatSource
-from sidecar.protocol import Heartbeat, InFlight
+from sidecar.common.protocol import Heartbeat, InFlight
 
 
 class Watch:

@@ -13,10 +13,10 @@ import threading
 import pytest
 from aiohttp import web
 
-from sidecar import auth
+from sidecar.common import auth
 from sidecar.engine import GENERIC
 from sidecar.probe.link import CLOSE_REFUSED, SidecarLink
-from sidecar.protocol import (
+from sidecar.common.protocol import (
     PROBE_WS_PATH,
     Begin,
     Challenge,
@@ -24,7 +24,7 @@ from sidecar.protocol import (
     Proof,
     Stop,
 )
-from sidecar.protocol_codec import PROTOCOL_VERSION, decode_from_probe, decode_hello, encode
+from sidecar.common.protocol_codec import PROTOCOL_VERSION, decode_from_probe, decode_hello, encode
 
 PROCESS = GENERIC.identity("worker", 0, pid=os.getpid(), host="test")
 TOKEN = "link-token"

@@ -12,10 +12,10 @@ import time
 import msgspec
 import pytest
 
-from sidecar.probe.marker import MAX_AGE_S, MarkerName, pid_space
-from sidecar.probe.trace_root import TraceRoot
-from sidecar.protocol import Hello, ProcessIdentity
-from sidecar.protocol_codec import PROTOCOL_VERSION, ProtocolError, decode_hello, encode
+from sidecar.probe.capture.marker import MAX_AGE_S, MarkerName, pid_space
+from sidecar.probe.capture.trace_root import TraceRoot
+from sidecar.common.protocol import Hello, ProcessIdentity
+from sidecar.common.protocol_codec import PROTOCOL_VERSION, ProtocolError, decode_hello, encode
 
 UNSEEN_PID = 2**22 + 5  # above any pid here: no process of this host's namespace has it
 
@@ -125,7 +125,7 @@ async def test_a_marker_cleared_while_its_probe_lives_is_made_again_before_the_h
 
     from sidecar.engine import GENERIC
     from sidecar.probe.link import SidecarLink
-    from sidecar.protocol import Heartbeat
+    from sidecar.common.protocol import Heartbeat
 
     url = real_sidecar.url
     root = TraceRoot(tmp_path / "volume")

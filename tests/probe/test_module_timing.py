@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from sidecar.module_timing import ModuleTimer, hook_count
-from sidecar.probe.module_job import ModuleTiming
-from sidecar.protocol import ModuleSpec
+from sidecar.probe.modules_timer import ModuleTimer, hook_count
+from sidecar.probe.modules_job import ModuleTiming
+from sidecar.common.protocol import ModuleSpec
 
 
 @pytest.fixture(scope="module")

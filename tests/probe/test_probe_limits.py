@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from sidecar import config
+from sidecar.common import config
 from sidecar.probe import Probe
-from sidecar.protocol import Arm, Begin, CaptureReport, CaptureSpec, Stop, SyncArm, SyncReport, SyncSpec
-from sidecar.protocol_codec import ProtocolError, decode_from_sidecar
+from sidecar.common.protocol import Arm, Begin, CaptureReport, CaptureSpec, Stop, SyncArm, SyncReport, SyncSpec
+from sidecar.common.protocol_codec import ProtocolError, decode_from_sidecar
 
 from .test_probe_messages import Sent, steps
 
@@ -89,7 +89,7 @@ def test_job_ids_that_could_be_path_components_do_not_decode(job_id):
 
 
 def test_the_ids_the_sidecar_makes_still_decode():
-    from sidecar.service.jobs import CAPTURE, SCAN
+    from sidecar.service.jobs.model import CAPTURE, SCAN
 
     for job_id in (CAPTURE.new_id(), SCAN.new_id(), "20261121-044636-549db8", "s20261121-051500-0a1b2c"):
         assert decode_from_sidecar(json.dumps({"type": "stop", "job_id": job_id})).job_id == job_id
@@ -190,7 +190,7 @@ def test_a_trace_file_over_the_size_limit_is_deleted_and_the_process_fails_namin
 
 
 def test_a_samples_file_counts_with_its_trace_against_the_size_limit():
-    from sidecar.probe.limits import ProbeLimits
+    from sidecar.probe.capture.limits import ProbeLimits
 
     limits = ProbeLimits(max_trace_mb=1)
     assert limits.samples_problem(2**19, 2**19) is None
@@ -205,7 +205,7 @@ def test_a_samples_file_counts_with_its_trace_against_the_size_limit():
     (config.ENV_PROBE_MAX_TRACE_MB, "lots"), (config.ENV_PROBE_MAX_TRACE_MB, "inf"),
 ])
 def test_a_bad_setting_is_an_error_naming_the_variable_and_the_default_is_used(monkeypatch, caplog, name, value):
-    from sidecar.probe.limits import ProbeLimits
+    from sidecar.probe.capture.limits import ProbeLimits
 
     monkeypatch.setenv(name, value)
     with caplog.at_level(logging.ERROR):
@@ -216,7 +216,7 @@ def test_a_bad_setting_is_an_error_naming_the_variable_and_the_default_is_used(m
 
 
 def test_limits_defaults():
-    from sidecar.probe.limits import ProbeLimits
+    from sidecar.probe.capture.limits import ProbeLimits
 
     limits = ProbeLimits()
     assert limits.max_steps == config.DEFAULT_MAX_STEPS

@@ -12,7 +12,7 @@ import torch
 
 from sidecar.engine import GENERIC, EngineProfile, Role
 from sidecar.probe import Probe
-from sidecar.protocol import (
+from sidecar.common.protocol import (
     file_name_part,
     Arm,
     Begin,
@@ -24,7 +24,7 @@ from sidecar.protocol import (
     SyncReport,
     SyncSpec,
 )
-from sidecar.protocol_codec import decode_from_probe, encode
+from sidecar.common.protocol_codec import decode_from_probe, encode
 from sidecar.syncs.allowlist import AllowEntry
 from sidecar.syncs.sites import FORWARD, PhaseRule
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import sidecar
-from sidecar.flight_ring import StepRing
+from sidecar.probe.flight_ring import StepRing
 from sidecar.probe import Probe
 from sidecar_vllm.profile import VLLM_PROFILE
 

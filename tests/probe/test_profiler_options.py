@@ -1,11 +1,11 @@
-"""What the probe asks of torch.profiler (sidecar/probe/profiler_options.py, make_profiler)."""
+"""What the probe asks of torch.profiler (sidecar/probe/capture/profiler_options.py, make_profiler)."""
 
 import json
 
 import torch
 
-from sidecar.probe.profiler_options import make_profiler
-from sidecar.protocol import CaptureSpec
+from sidecar.probe.capture.profiler_options import make_profiler
+from sidecar.common.protocol import CaptureSpec
 
 
 def _torch_has_trace_only() -> bool:

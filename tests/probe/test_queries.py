@@ -5,7 +5,7 @@ import threading
 
 def test_a_recorder_dump_deletes_the_earlier_ones_of_its_process_the_sidecar_never_took(tmp_path):
     from sidecar.probe.queries import QueryAnswerer
-    from sidecar.protocol import Query
+    from sidecar.common.protocol import Query
 
     sent = []
     done = threading.Event()

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from sidecar import thread_stacks
+from sidecar.stacks import threads as thread_stacks
 from sidecar.probe.queries import QueryAnswerer
-from sidecar.protocol import Query
+from sidecar.common.protocol import Query
 
 
 class Answers:
@@ -146,7 +146,7 @@ def test_a_second_recorder_dump_is_refused_while_one_is_written(tmp_path):
 def test_the_busy_answer_tells_the_sidecar_when_to_retry():
     """The probe writes it, the sidecar reads it (its 429's Retry-After): one format."""
     from sidecar.probe.queries import busy_error
-    from sidecar.service.query_slots import probe_busy_retry_s
+    from sidecar.service.channel.query_slots import probe_busy_retry_s
 
     assert probe_busy_retry_s(busy_error("a stacks sampling of 60 s", 41.2)) == 42
     assert probe_busy_retry_s(busy_error("a recorder dump", 0.0)) == 1

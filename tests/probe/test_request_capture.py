@@ -15,9 +15,9 @@ from sidecar.probe import Probe
 from sidecar.probe.profile_header import MAX_BAGGAGE_CHARS, ProfileAsk, read_profile_ask
 from sidecar.probe.request_capture import (DEFAULT_REQUEST_CAPTURE_STEPS, ENV_REQUEST_CAPTURE_STEPS, RequestCaptureAsks,
                                            steps_from_environment)
-from sidecar.protocol import (REQUEST_ENDED, Arm, Begin, CaptureReport, CaptureSpec, RequestCapture,
+from sidecar.common.protocol import (REQUEST_ENDED, Arm, Begin, CaptureReport, CaptureSpec, RequestCapture,
                               RequestCaptureAnswer, RequestCaptureRelease)
-from sidecar.protocol_codec import encode
+from sidecar.common.protocol_codec import encode
 
 
 # -- the ask in a request's headers ----------------------------------------------------------------

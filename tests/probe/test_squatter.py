@@ -17,7 +17,7 @@ import torch
 from aiohttp import WSMsgType, web
 
 from sidecar.probe import Probe
-from sidecar.protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
+from sidecar.common.protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
 
 TOKEN = "squatted-secret-7f3a9c1e"
 SQUAT_S = 3.0  # long enough for a probe to record a few steps and to send a heartbeat (every 2 s)

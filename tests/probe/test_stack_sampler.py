@@ -1,8 +1,8 @@
-"""StackSampler (sidecar/probe/stack_sampler.py): a sampled Python flame chart of one thread, on the
+"""StackSampler (sidecar/stacks/sampler.py): a sampled Python flame chart of one thread, on the
 clock of torch.profiler's Kineto traces, bounded, and costing the sampled thread nothing to control.
 
 The sampler only samples; what its samples say is read here the way the sidecar reads them, through
-the raw samples it hands over (sidecar/stack_samples.py) and sidecar/analysis/sampled_stacks.py."""
+the raw samples it hands over (sidecar/stacks/samples_file.py) and sidecar/stacks/sampled.py."""
 
 from __future__ import annotations
 
@@ -17,16 +17,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from sidecar.analysis import sampled_stacks
-from sidecar.analysis.sampled_stacks import CATEGORY, TRACK_NAME
-from sidecar.probe.stack_sampler import (
+from sidecar.stacks import sampled as sampled_stacks
+from sidecar.stacks.sampled import CATEGORY, TRACK_NAME
+from sidecar.stacks.sampler import (
     MAX_BYTES,
     MAX_EVENTS,
     MAX_SAMPLES,
     TARGET_EXITED,
     StackSampler,
 )
-from sidecar.stack_samples import Samples, check
+from sidecar.stacks.samples_file import Samples, check
 
 pytestmark = pytest.mark.timeout(60)
 # A base near now, as a Kineto trace's: relative ts keep ns precision (absolute Unix µs in a double
@@ -647,7 +647,7 @@ def test_nothing_is_sampled_while_inactive(samplers):
 
 
 def test_a_dropped_sampler_ends_its_thread(monkeypatch):
-    from sidecar.probe import stack_sampler
+    from sidecar.stacks import sampler as stack_sampler
 
     monkeypatch.setattr(stack_sampler, "_IDLE_CHECK_S", 0.02)
     sampler = StackSampler(threading.get_ident(), name="sampler-to-drop")
@@ -666,7 +666,7 @@ def test_the_sampler_imports_neither_torch_nor_the_analysis():
     samples (the analysis, numpy) stays in the sidecar."""
     import subprocess
 
-    code = ("import sys, sidecar.probe.stack_sampler, sidecar.probe.recorder; "
+    code = ("import sys, sidecar.stacks.sampler, sidecar.probe.capture.profiler; "
             "print(sorted(m for m in ('torch', 'numpy', 'sidecar.analysis') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))

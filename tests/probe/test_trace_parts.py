@@ -1,5 +1,5 @@
 """A capture with heavy options recorded as one torch.profiler session per step and joined into one
-trace (sidecar/probe/trace_parts.py): the real torch.profiler, a simulated step loop."""
+trace (sidecar/probe/capture/trace_parts.py): the real torch.profiler, a simulated step loop."""
 
 import json
 import os
@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.profiler as tp
 
-from sidecar.probe.profiler_options import records_in_parts
-from sidecar.probe.recorder import StepCapture
-from sidecar.probe.trace_parts import events_span, join_parts, part_path
-from sidecar.protocol import CaptureSpec
+from sidecar.probe.capture.profiler_options import records_in_parts
+from sidecar.probe.capture.profiler import StepCapture
+from sidecar.probe.capture.trace_parts import events_span, join_parts, part_path
+from sidecar.common.protocol import CaptureSpec
 from test_recorder import Reports, exporter  # noqa: F401  (the fixture)
 
 

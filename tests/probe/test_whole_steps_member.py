@@ -1,4 +1,4 @@
-"""The probe's trace says its step ranges are whole (sidecar/phases.py ``whole_steps``): every
+"""The probe's trace says its step ranges are whole (sidecar/common/phases.py ``whole_steps``): every
 ProfilerStep range opens at a step's begin and the last closes at a step boundary, so the analysis
 takes none for cut off, however short the last (issue 28). The real torch.profiler, a simulated step
 loop; recorded in one session and in parts (one session per step, joined: trace_parts.py)."""
@@ -12,8 +12,8 @@ import time
 import pytest
 
 from sidecar.analysis import analyze_path
-from sidecar.probe.recorder import StepCapture, WindowCapture
-from sidecar.protocol import CaptureSpec
+from sidecar.probe.capture.profiler import StepCapture, WindowCapture
+from sidecar.common.protocol import CaptureSpec
 from test_recorder import Reports, exporter, profiler_steps, work  # noqa: F401  (the fixture)
 
 TABLE = {"engine: forward": "forward"}

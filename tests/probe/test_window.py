@@ -1,4 +1,4 @@
-"""The job window (sidecar/step_window.py): the pure schedule, and the state machine captures and
+"""The job window (sidecar/common/step_window.py): the pure schedule, and the state machine captures and
 scans share, driven over step sequences the way a probe drives it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sidecar.step_window import ARMED, FINISHED, RECORDING, Action, StepWindow, clip, opens_at, schedule
+from sidecar.common.step_window import ARMED, FINISHED, RECORDING, Action, StepWindow, clip, opens_at, schedule
 
 R, LAST, NONE = Action.RECORD, Action.RECORD_AND_STOP, Action.NONE
 

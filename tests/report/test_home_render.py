@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import html
 
-from sidecar.report.forms import CAPTURE_NAMES, LEFT_OUT, SCAN_NAMES, capture_fields, form_names, scan_fields
-from sidecar.report.home import render_home
+from sidecar.service.pages.forms import CAPTURE_NAMES, LEFT_OUT, SCAN_NAMES, capture_fields, form_names, scan_fields
+from sidecar.service.pages.home import render_home
 from sidecar.report.script import SCRIPT
-from sidecar.service.params import KNOWN, SCAN_KNOWN
+from sidecar.service.jobs.params import KNOWN, SCAN_KNOWN
 
 from .hostile import MARKERS, PROCESS
 from .markup_check import parse

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sidecar.engine import STANDARD_ROLES
-from sidecar.protocol import CaptureReport, ProcessIdentity, SyncReport
-from sidecar.protocol_codec import decode_from_sidecar
-from sidecar.service.captures import CaptureManager
-from sidecar.service.job_board import JobBoard
-from sidecar.service.registry import ProbeConnection, ProbeRegistry
-from sidecar.service.scans import ScanManager
+from sidecar.common.protocol import CaptureReport, ProcessIdentity, SyncReport
+from sidecar.common.protocol_codec import decode_from_sidecar
+from sidecar.service.jobs.captures import CaptureManager
+from sidecar.service.jobs.board import JobBoard
+from sidecar.service.channel.registry import ProbeConnection, ProbeRegistry
+from sidecar.service.jobs.scans import ScanManager
 
 _ROLES = {r.name: r for r in STANDARD_ROLES}
 _pids = itertools.count(1000)

@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.service.app import make_app
 from sidecar.service.browser_guard import START_PATHS, host_allowed, split_host
-from sidecar.service.keys import CAPTURES, SCANS
+from sidecar.service.routes.keys import CAPTURES, SCANS
 from sidecar.service.openapi import route_operations
 
 from test_fuzz_api import AnsweringProbe, service_settings

@@ -3,7 +3,7 @@ JSON and the sidecar's own metrics say ``cancelled``; no trace is offered.
 
 The probes are stand-ins on the app's registry that answer as real ones do: "armed" at arm (an API
 server's window opens there, "capturing"), and at a stop an armed step-driven probe ends at once
-with "failed" (sidecar/step_window.py) while the API server's window exports a raw file."""
+with "failed" (sidecar/common/step_window.py) while the API server's window exports a raw file."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.protocol import Arm, Begin, CaptureReport, Stop, SyncArm, SyncReport, Verdict
+from sidecar.common.protocol import Arm, Begin, CaptureReport, Stop, SyncArm, SyncReport, Verdict
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service.keys import JOBS, REGISTRY
+from sidecar.service.routes.keys import JOBS, REGISTRY
 
 from service_fakes import FakeWebSocket, identity, until
 
@@ -98,7 +98,7 @@ async def test_a_capture_stopped_before_its_start_step_is_cancelled(sidecar, tmp
 async def test_a_capture_on_a_full_disk_is_refused_with_507(sidecar, tmp_path, monkeypatch):
     from collections import namedtuple
 
-    from sidecar.service import disk_space
+    from sidecar.service.export import disk_space
 
     client, app = sidecar
     AnsweringProbe(app, "worker", 0, tmp_path / "probe-root")

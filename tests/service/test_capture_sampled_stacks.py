@@ -15,10 +15,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from sidecar.protocol import Begin, Stop
-from sidecar.probe.stack_sampler import StackSampler
-from sidecar.service.params import CaptureRequest
-from sidecar.stack_samples import encode, samples_path
+from sidecar.common.protocol import Begin, Stop
+from sidecar.stacks.sampler import StackSampler
+from sidecar.service.jobs.params import CaptureRequest
+from sidecar.stacks.samples_file import encode, samples_path
 
 from service_fakes import World, sent, until
 
@@ -132,7 +132,7 @@ async def test_a_cancelled_capture_deletes_the_samples_with_the_raw_trace(world,
 
 
 def test_an_interrupted_captures_samples_go_with_its_leftovers(tmp_path):
-    from sidecar.service.capture_index import restore_captures
+    from sidecar.service.jobs.capture_index import restore_captures
 
     folder = tmp_path / "traces" / "captures" / "20260101-000000-abcdef"
     (folder / "raw").mkdir(parents=True)

@@ -1,10 +1,10 @@
-"""The clock estimate (sidecar/service/clock_sync.py): NTP's offset and bound, the fastest round trip
+"""The clock estimate (sidecar/service/channel/clock_sync.py): NTP's offset and bound, the fastest round trip
 chosen, an offset applied only where it exceeds its bound."""
 
 import asyncio
 
-from sidecar.protocol import ClockReply
-from sidecar.service.clock_sync import MAX_PENDING, ClockEstimate, keep_probing
+from sidecar.common.protocol import ClockReply
+from sidecar.service.channel.clock_sync import MAX_PENDING, ClockEstimate, keep_probing
 
 MS = 1_000_000
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.analysis import analyze_path
-from sidecar.protocol import CaptureReport
+from sidecar.common.protocol import CaptureReport
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service.keys import JOBS, REGISTRY
+from sidecar.service.routes.keys import JOBS, REGISTRY
 
 from service_fakes import FakeWebSocket, identity
 

@@ -5,8 +5,8 @@ from collections import namedtuple
 
 import pytest
 
-from sidecar.service import disk_space
-from sidecar.service.params import CaptureRequest
+from sidecar.service.export import disk_space
+from sidecar.service.jobs.params import CaptureRequest
 
 from service_fakes import World
 

@@ -10,11 +10,11 @@ import hashlib
 
 import pytest
 
-from sidecar.protocol import CHUNK_BYTES, CaptureReport, Fetch, FileChunk
-from sidecar.service import file_fetch
+from sidecar.common.protocol import CHUNK_BYTES, CaptureReport, Fetch, FileChunk
+from sidecar.service.channel import file_fetch
 from sidecar.service.app import make_app
-from sidecar.service.keys import JOBS, REGISTRY
-from sidecar.verdicts import FINAL
+from sidecar.service.routes.keys import JOBS, REGISTRY
+from sidecar.common.verdicts import FINAL
 
 from service_fakes import FakeWebSocket, identity
 from test_file_fetch import Conn

@@ -1,4 +1,4 @@
-"""Fetching a file from a probe over the channel (sidecar/service/file_fetch.py) against the real
+"""Fetching a file from a probe over the channel (sidecar/service/channel/file_fetch.py) against the real
 sender (sidecar/probe/file_sender.py): whole and checked, or a FetchError and no partial file."""
 
 import asyncio
@@ -9,9 +9,9 @@ from msgspec.structs import replace
 import pytest
 
 from sidecar.probe.file_sender import FileSender
-from sidecar.probe.trace_root import TraceRoot
-from sidecar.protocol import CHUNK_BYTES
-from sidecar.service import file_fetch
+from sidecar.probe.capture.trace_root import TraceRoot
+from sidecar.common.protocol import CHUNK_BYTES
+from sidecar.service.channel import file_fetch
 
 
 class Conn:

@@ -40,13 +40,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from sidecar import config
-from sidecar.protocol import Answer, Arm, CaptureReport, Query, Stop, SyncArm, SyncReport
-from sidecar.protocol import MODEL_EXTRA, ModuleArm, ModuleReport
+from sidecar.common import config
+from sidecar.common.protocol import Answer, Arm, CaptureReport, Query, Stop, SyncArm, SyncReport
+from sidecar.common.protocol import MODEL_EXTRA, ModuleArm, ModuleReport
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service.keys import JOBS, QUERIES, REGISTRY
+from sidecar.service.routes.keys import JOBS, QUERIES, REGISTRY
 from sidecar.service.openapi import build_document
-from sidecar.service.params import BOOLEAN_OPTIONS
+from sidecar.service.jobs.params import BOOLEAN_OPTIONS
 from sidecar.service.serving import JsonErrorsRunner
 
 from service_fakes import FakeWebSocket, identity

@@ -1,6 +1,6 @@
 """A fuzz of the probe channel, ``GET /probe/ws`` (issue 27: bad input stays at zero): hundreds of bad inputs
 at each point of a connection, and what the sidecar must do with them (docs/api.md, "Probe
-authentication"; sidecar/service/probe_channel.py):
+authentication"; sidecar/service/routes/probe_channel.py):
 
 - in place of the hello: garbage text, JSON of the wrong shape, a hello with each of its fields bad
   (another protocol version, a bad nonce, a bad process identity, ...), a proof, another message, a binary
@@ -42,12 +42,12 @@ from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sidecar
-from sidecar import auth
-from sidecar.protocol import CLOSE_REFUSED, PROBE_WS_PATH, Challenge
-from sidecar.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar
+from sidecar.common import auth
+from sidecar.common.protocol import CLOSE_REFUSED, PROBE_WS_PATH, Challenge
+from sidecar.common.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar
 from sidecar.service.app import make_app
-from sidecar.service.keys import REGISTRY
-from sidecar.service.probe_channel import MAX_MESSAGE_BYTES, PROBE_SOCKETS
+from sidecar.service.routes.keys import REGISTRY
+from sidecar.service.routes.probe_channel import MAX_MESSAGE_BYTES, PROBE_SOCKETS
 
 from service_fakes import identity
 from test_fuzz_api import (BROWSER_VALUES, JSON_VALUE, JsonErrorsTestServer, browser_headers, check_answer, guard_outcome,

@@ -6,7 +6,7 @@ import gzip
 import json
 import time
 
-from sidecar.service.queries import QueryBroker
+from sidecar.service.channel.queries import QueryBroker
 
 from test_service import engines, settings, sidecar, wait_processes  # noqa: F401 (fixtures)
 
@@ -160,7 +160,7 @@ async def test_a_process_that_does_not_answer_is_named_and_the_others_still_show
 
 
 async def test_native_stacks_without_py_spy_say_so(sidecar, engines, monkeypatch):
-    from sidecar.service import native_stacks
+    from sidecar.stacks import native as native_stacks
 
     monkeypatch.setattr(native_stacks.shutil, "which", lambda name: None)
     client = await sidecar()
@@ -175,7 +175,7 @@ async def test_native_stacks_without_py_spy_say_so(sidecar, engines, monkeypatch
 
 async def test_native_stacks_name_a_process_py_spy_cannot_read(sidecar, engines, monkeypatch, tmp_path):
     """py-spy present but refused (no ptrace permission): every process named with py-spy's own reason."""
-    from sidecar.service import native_stacks
+    from sidecar.stacks import native as native_stacks
 
     fake = tmp_path / "py-spy"
     fake.write_text("#!/bin/sh\necho 'Permission Denied: Try running again with elevated permissions' >&2\nexit 1\n")

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from sidecar.protocol import Arm, Begin, Stop, SyncArm
-from sidecar.service import captures as captures_module
-from sidecar.service.arming import lead_steps
-from sidecar.service.jobs import JobBusy, NoProbes
-from sidecar.service.merge import FinalizeResult, ProcessOutcome
-from sidecar.service.params import CaptureRequest, ParamError, ProcessSelector, ScanRequest
+from sidecar.common.protocol import Arm, Begin, Stop, SyncArm
+from sidecar.service.jobs import captures as captures_module
+from sidecar.service.jobs.arming import lead_steps
+from sidecar.service.jobs.model import JobBusy, NoProbes
+from sidecar.service.export.merge import FinalizeResult, ProcessOutcome
+from sidecar.service.jobs.params import CaptureRequest, ParamError, ProcessSelector, ScanRequest
 
 from service_fakes import World, sent, until
 
@@ -316,7 +316,7 @@ async def test_a_stop_before_the_start_step_cancels_the_capture_and_drops_the_wi
     stopping = asyncio.ensure_future(world.captures.stop("stopped by request"))
     await until(lambda: all(sent(c, Stop) for c in (core, w0, api)))
     assert capture.state == "armed", "nothing records steps yet"
-    for conn in (core, w0):  # an armed probe ends at once (sidecar/step_window.py)
+    for conn in (core, w0):  # an armed probe ends at once (sidecar/common/step_window.py)
         await world.capture_report(conn, capture.id, "failed", error=NOT_STARTED)
     await world.capture_report(api, capture.id, "exporting")
     await world.capture_report(api, capture.id, "done", file=str(raw), bytes=19)

@@ -4,12 +4,12 @@ import re
 
 import pytest
 
-from sidecar.service import arming
-from sidecar.service import job_states as st
-from sidecar.service.captures import Capture, CaptureProcess
-from sidecar.service.jobs import CAPTURE, SCAN, verdict
-from sidecar.service.params import CaptureRequest, ScanRequest
-from sidecar.service.scans import Scan, ScanProcess
+from sidecar.service.jobs import arming
+from sidecar.service.jobs import states as st
+from sidecar.service.jobs.captures import Capture, CaptureProcess
+from sidecar.service.jobs.model import CAPTURE, SCAN, verdict
+from sidecar.service.jobs.params import CaptureRequest, ScanRequest
+from sidecar.service.jobs.scans import Scan, ScanProcess
 
 from service_fakes import identity
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from sidecar.service import registry as registry_module
-from sidecar.service.params import CaptureRequest, ProcessSelector, ScanRequest
+from sidecar.service.channel import registry as registry_module
+from sidecar.service.jobs.params import CaptureRequest, ProcessSelector, ScanRequest
 
 from service_fakes import FakeWebSocket, World
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from sidecar.service import params
+from sidecar.service.jobs import params
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service.jobs import CAPTURE, SCAN
+from sidecar.service.jobs.model import CAPTURE, SCAN
 from sidecar.service.openapi import build_document, id_pattern, route_operations
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"

@@ -12,8 +12,8 @@ import secrets
 import pytest
 from aiohttp import WSMsgType
 
-from sidecar.protocol import PROBE_WS_PATH
-from sidecar.protocol_codec import PROTOCOL_VERSION
+from sidecar.common.protocol import PROBE_WS_PATH
+from sidecar.common.protocol_codec import PROTOCOL_VERSION
 
 from service_fakes import identity
 
@@ -82,7 +82,7 @@ async def test_a_probe_without_a_valid_proof_is_refused_and_never_registered(cli
         "other token": json.dumps({"type": "proof", "proof": mac(b"probe", got["nonce"], nonce, token="guess")}),
         "report": json.dumps({"type": "capture", "job_id": "c1", "state": "armed", "steps_seen": 1}),
     }
-    with caplog.at_level(logging.WARNING, logger="sidecar.service.probe_channel"):
+    with caplog.at_level(logging.WARNING, logger="sidecar.service.routes.probe_channel"):
         await ws.send_str(frames[answer])
         msg = await ws.receive(timeout=5)
     assert msg.type == WSMsgType.CLOSE and msg.data == 4400, msg

@@ -8,14 +8,14 @@ import json
 import pytest
 from aiohttp import WSMsgType
 
-from sidecar import auth
-from sidecar.protocol import (PROBE_WS_PATH, Arm, Begin, CaptureReport, Challenge, Heartbeat, Hello, Proof, Stop,
+from sidecar.common import auth
+from sidecar.common.protocol import (PROBE_WS_PATH, Arm, Begin, CaptureReport, Challenge, Heartbeat, Hello, Proof, Stop,
                               Verdict, ClockProbe)
-from sidecar.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar, encode
+from sidecar.common.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar, encode
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.verdicts import FINAL
+from sidecar.common.verdicts import FINAL
 
-from sidecar.probe.trace_root import TraceRoot
+from sidecar.probe.capture.trace_root import TraceRoot
 from service_fakes import identity
 
 TOKEN = "probe-token"

@@ -9,9 +9,9 @@ in flight exactly as long as the test needs (no sleeps); the last one uses a rea
 import asyncio
 import json
 
-from sidecar.protocol import Answer, Query
-from sidecar.service.keys import QUERIES, REGISTRY
-from sidecar.service.recorder_dump import gather_recording
+from sidecar.common.protocol import Answer, Query
+from sidecar.service.routes.keys import QUERIES, REGISTRY
+from sidecar.service.incidents.recorder_dump import gather_recording
 
 from service_fakes import FakeWebSocket, identity
 from test_service import engines, settings, sidecar, wait_processes  # noqa: F401 (fixtures)
@@ -80,7 +80,7 @@ async def test_a_second_stacks_sampling_is_429_while_the_first_runs_and_then_fre
 
 
 async def test_a_snapshot_a_native_dump_and_a_recorder_dump_share_the_one_slot(sidecar, monkeypatch):
-    from sidecar.service import native_stacks
+    from sidecar.stacks import native as native_stacks
 
     looked_for_py_spy = []
     monkeypatch.setattr(native_stacks.shutil, "which", lambda name: looked_for_py_spy.append(name))

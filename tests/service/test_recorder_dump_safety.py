@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from sidecar.protocol import RECORDER_DIR
-from sidecar.service.recorder_dump import read_dump
+from sidecar.common.protocol import RECORDER_DIR
+from sidecar.service.incidents.recorder_dump import read_dump
 
 
 def test_the_dump_is_read_and_deleted(tmp_path):

@@ -8,18 +8,18 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar import auth
-from sidecar.protocol import (PROBE_WS_PATH, REQUEST_ENDED, Arm, Begin, CaptureReport, Challenge, Hello, Proof,
+from sidecar.common import auth
+from sidecar.common.protocol import (PROBE_WS_PATH, REQUEST_ENDED, Arm, Begin, CaptureReport, Challenge, Hello, Proof,
                               RequestCapture, RequestCaptureAnswer, RequestCaptureRelease, Stop)
-from sidecar.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar, encode
+from sidecar.common.protocol_codec import PROTOCOL_VERSION, decode_from_sidecar, encode
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service import captures as captures_module
-from sidecar.service.capture_index import from_json
-from sidecar.service.capture_metrics import CaptureMetrics
-from sidecar.service.capture_routes import capture_json
-from sidecar.service.merge import FinalizeResult, ProcessOutcome
-from sidecar.service.params import CaptureRequest
-from sidecar.service.request_captures import RequestCaptures
+from sidecar.service.jobs import captures as captures_module
+from sidecar.service.jobs.capture_index import from_json
+from sidecar.service.metrics.captures import CaptureMetrics
+from sidecar.service.routes.captures import capture_json
+from sidecar.service.export.merge import FinalizeResult, ProcessOutcome
+from sidecar.service.jobs.params import CaptureRequest
+from sidecar.service.jobs.request_captures import RequestCaptures
 
 from service_fakes import World, identity, sent, until
 

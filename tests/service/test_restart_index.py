@@ -7,10 +7,10 @@ import gzip
 import json
 import os
 
-from sidecar.protocol import CaptureReport
+from sidecar.common.protocol import CaptureReport
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service.keys import JOBS, REGISTRY
-from sidecar.verdicts import FINAL
+from sidecar.service.routes.keys import JOBS, REGISTRY
+from sidecar.common.verdicts import FINAL
 
 from service_fakes import FakeWebSocket, identity
 

@@ -5,8 +5,8 @@ always stays, whatever its size."""
 from dataclasses import replace
 
 from sidecar.service.app import make_app
-from sidecar.service.disk_space import tree_bytes
-from sidecar.service.keys import REGISTRY
+from sidecar.service.export.disk_space import tree_bytes
+from sidecar.service.routes.keys import REGISTRY
 
 from test_restart_index import one_capture, settings
 

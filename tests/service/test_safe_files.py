@@ -7,10 +7,10 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sidecar.protocol import ROLE_PATTERN, ProcessIdentity
-from sidecar.service.merge import MERGED_NAME, PROCESS_TRACE_SUFFIX, SUMMARY_NAME
-from sidecar.service.process_stems import unique_stems
-from sidecar.service.safe_files import (
+from sidecar.common.protocol import ROLE_PATTERN, ProcessIdentity
+from sidecar.service.export.merge import MERGED_NAME, PROCESS_TRACE_SUFFIX, SUMMARY_NAME
+from sidecar.service.export.process_stems import unique_stems
+from sidecar.service.export.safe_files import (
     NotInFolder, is_capture_file_name, is_process_file_name, open_capture_file, open_in_folder,
 )
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from sidecar.protocol import Begin
-from sidecar.service import arming
-from sidecar.service.params import CaptureRequest, ScanRequest
+from sidecar.common.protocol import Begin
+from sidecar.service.jobs import arming
+from sidecar.service.jobs.params import CaptureRequest, ScanRequest
 
 from service_fakes import World, sent, until
 

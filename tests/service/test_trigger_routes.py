@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sidecar.service import triggers as triggers_module
+from sidecar.service.incidents import triggers as triggers_module
 from test_service import engines, settings, sidecar, wait_final, wait_processes  # noqa: F401 (fixtures)
 
 

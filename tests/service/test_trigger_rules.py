@@ -5,10 +5,10 @@ import json
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from sidecar.service.histogram_window import HistogramWindows, quantile
-from sidecar.service.params import ParamError
-from sidecar.service.trigger_limits import FiringLimits
-from sidecar.service.trigger_rules import parse_rule, parse_rules_file
+from sidecar.service.incidents.histogram_window import HistogramWindows, quantile
+from sidecar.service.jobs.params import ParamError
+from sidecar.service.incidents.trigger_limits import FiringLimits
+from sidecar.service.incidents.trigger_rules import parse_rule, parse_rules_file
 
 STEP = {"metric": "step_duration", "threshold_ms": 1000}
 
@@ -119,7 +119,7 @@ def test_cooldown_and_budget():
 
 
 def test_serve_refuses_a_bad_rules_file_naming_the_rule_and_field(tmp_path):
-    from sidecar.service.cli import _trigger_rules
+    from sidecar.cli.serve import _trigger_rules
 
     good = tmp_path / "good.json"
     good.write_text(json.dumps([STEP]))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import sync_kinds
-from sidecar.protocol import SyncArm, SyncReport
-from sidecar.protocol_codec import ProtocolError, decode_from_sidecar, encode
+from sidecar.common.protocol import SyncArm, SyncReport
+from sidecar.common.protocol_codec import ProtocolError, decode_from_sidecar, encode
 from sidecar.syncs import (
     ENV_ALLOWLIST,
     AllowEntry,

@@ -1,4 +1,4 @@
-"""The sync detector's environment variables: booleans through the one parser (sidecar.config)."""
+"""The sync detector's environment variables: booleans through the one parser (sidecar.common.config)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from sidecar import engine
 from sidecar.analysis import analyze_path
 from sidecar.syncs import AllowEntry, Allowlist
 from sidecar.syncs.report import merge_reports, merge_sites
-from sidecar.syncs.trace import scan_trace, skip_prefixes, trace_op, trace_site
+from sidecar.analysis.sync_sites import scan_trace, skip_prefixes, trace_op, trace_site
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 

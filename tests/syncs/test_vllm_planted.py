@@ -112,7 +112,7 @@ def test_scan_reports_exactly_the_planted_lines(llm, monkeypatch):
     assert all(len(o.outputs[0].token_ids) == STEPS + 2 for o in outputs)
 
     assert scan.finished
-    assert [m.state for m in messages] == ["scanning", "done"]  # sidecar.protocol.SyncReport
+    assert [m.state for m in messages] == ["scanning", "done"]  # sidecar.common.protocol.SyncReport
     report = messages[-1]
     assert report.steps_recorded == STEPS and report.treat_cpu_as_device is True
     sites = report.sites

@@ -24,7 +24,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.service.metrics_receiver import add_metrics_routes
+from sidecar.service.routes.metrics import add_metrics_routes
 
 TOKEN = "s3cret"
 PUSH = "/v1/metrics"

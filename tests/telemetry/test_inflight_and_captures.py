@@ -4,7 +4,7 @@ import time
 
 from opentelemetry.trace import SpanKind
 
-from sidecar.protocol import CaptureReport, SyncReport, Verdict
+from sidecar.common.protocol import CaptureReport, SyncReport, Verdict
 from sidecar.telemetry import CaptureSpans, ClockOffset, FinishedRequest, InFlightRequests, record_request
 from sidecar.telemetry.capture import record_from_verdict
 
@@ -72,7 +72,7 @@ def test_capture_span_links_requests_in_flight_and_carries_the_sidecar_verdict()
     time.sleep(0.01)
     running = in_flight.begin("cmpl-running")
     captures = CaptureSpans(telemetry.tracer, in_flight, "http://127.0.0.1:8787")
-    # The probe hands over the typed reports it sends (sidecar.protocol.CaptureReport) and the
+    # The probe hands over the typed reports it sends (sidecar.common.protocol.CaptureReport) and the
     # verdicts the sidecar sends it.
     captures.on_report(CaptureReport(job_id="c1", state="capturing"))
     captures.on_report(SyncReport(job_id="c1", state="done"))  # not a capture report: ignored

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from sidecar.service.app import ServiceSettings, make_app
-from sidecar.service.metrics_receiver import MAX_BODY_BYTES
+from sidecar.service.routes.metrics import MAX_BODY_BYTES
 
 from .metric_pushes import PUSH, TOKEN, app, gauge, request, samples, signed
 

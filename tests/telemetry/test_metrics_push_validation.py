@@ -10,8 +10,8 @@ import subprocess
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
-from sidecar.service import metrics_store
-from sidecar.service.metrics_receiver import CAPTURE_METRICS, METRICS_STORE
+from sidecar.service.metrics import store as metrics_store
+from sidecar.service.routes.metrics import CAPTURE_METRICS, METRICS_STORE
 
 from .metric_pushes import app, counter, gauge, histogram, push, request, samples
 
@@ -122,7 +122,7 @@ async def test_a_family_that_cannot_render_is_skipped_not_a_500(aiohttp_client, 
         return real_family(name, *args, **kwargs)
 
     monkeypatch.setattr(metrics_store, "family", family)
-    with caplog.at_level(logging.WARNING, logger="sidecar.service.metrics_store"):
+    with caplog.at_level(logging.WARNING, logger="sidecar.service.metrics.store"):
         got = samples(await _scrape(client))
     assert got["good"][0][1] == 1.0 and got["also_good"][0][1] == 3.0 and "doomed" not in got
     assert "doomed" in caplog.text and "cannot render this one" in caplog.text

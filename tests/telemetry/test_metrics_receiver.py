@@ -17,7 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.service.metrics_receiver import CAPTURE_METRICS, METRICS_STORE, add_metrics_routes
+from sidecar.service.routes.metrics import CAPTURE_METRICS, METRICS_STORE, add_metrics_routes
 from sidecar.telemetry.instruments import RequestInstruments, StepInstruments
 from sidecar.telemetry.push import SidecarMetricExporter
 

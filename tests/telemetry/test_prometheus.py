@@ -15,8 +15,8 @@ from aiohttp import web
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from prometheus_client import Counter
 
-from sidecar.service.engine_state_metrics import EngineStateCollector
-from sidecar.service.metrics_receiver import CAPTURE_METRICS, METRICS_REGISTRY, add_metrics_routes
+from sidecar.service.metrics.engine_state import EngineStateCollector
+from sidecar.service.routes.metrics import CAPTURE_METRICS, METRICS_REGISTRY, add_metrics_routes
 from sidecar.telemetry import ClockOffset, FinishedRequest, Telemetry, TelemetrySettings, make_resource, record_request
 
 ROOT = Path(__file__).resolve().parents[2]

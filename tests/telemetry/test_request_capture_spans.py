@@ -11,7 +11,7 @@ from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.metrics.stats import IterationStats
 
 from sidecar.probe.request_capture import CaptureOutcome
-from sidecar.protocol import CaptureReport, Verdict
+from sidecar.common.protocol import CaptureReport, Verdict
 from sidecar.telemetry import CaptureSpans, InFlightRequests
 from sidecar.telemetry.capture import BoundRequest
 from sidecar_vllm.request_capture import CAPTURED

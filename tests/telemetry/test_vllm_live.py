@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sidecar.client import SidecarClient
+from sidecar.cli.client import SidecarClient
 from sidecar.devtools.traffic import run_load
 
 from .e2e import REQUEST_COUNTS, Prometheus, check_request_histograms, check_request_span_trees, send_request

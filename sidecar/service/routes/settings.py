@@ -1,0 +1,27 @@
+"""The sidecar service's settings (``sidecar serve`` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..export.disk_space import MIN_FREE_BYTES
+from ..jobs.manager import STOP_GRACE_S
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    trace_dir: Path
+    probe_token: str  # always required on the probe channel
+    http_token: str | None  # required on the HTTP API when set
+    max_steps: int
+    max_capture_bytes: int
+    keep: int  # finished jobs kept, per kind
+    keep_bytes: int | None = None  # and at most this many bytes of them on disk, per kind (None: no bound)
+    min_free_bytes: int = MIN_FREE_BYTES  # a capture is refused (507) below this much free space
+    stop_grace_s: float = STOP_GRACE_S  # how long stopped processes get to report before they count as lost
+    triggers: tuple[Any, ...] = ()  # TriggerRule: installed at start (sidecar serve --triggers FILE)
+    # Host names a browser may use to reach the sidecar besides loopback names and IP addresses
+    # (sidecar serve --allowed-host; sidecar/service/browser_guard.py): anything else is a DNS-rebinding page's.
+    allowed_hosts: tuple[str, ...] = ()
