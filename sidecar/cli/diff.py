@@ -13,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from .shared import EXIT_ERROR, add_connection_args, make_client, run_command
+from .client import SidecarClient
+from .shared import EXIT_ERROR, add_connection_args, sidecar_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,19 +45,20 @@ def _run(args: argparse.Namespace) -> int:
     captures = [_is_capture_id(x) for x in (args.a, args.b)]
     if not any(captures):
         return _finish(args, _diff_files(args.a, args.b))
-    client = make_client(args)
+    return _diff_captures(args, captures)
 
-    def work() -> int:
-        if all(captures):
-            return _finish(args, client.request("GET", f"/profile/{args.a}/diff/{args.b}"))
-        from ..analysis.diff.changes import diff_summaries
 
-        summaries = [client.summary(x) if remote else _analyse(x) for x, remote in zip((args.a, args.b), captures)]
-        if None in summaries:
-            return EXIT_ERROR
-        return _finish(args, diff_summaries(*summaries))
+@sidecar_command("diff")
+def _diff_captures(args: argparse.Namespace, client: SidecarClient, captures: list[bool]) -> int:
+    """The diff of A and B where one (``captures``: which) or both are captures of the sidecar."""
+    if all(captures):
+        return _finish(args, client.request("GET", f"/profile/{args.a}/diff/{args.b}"))
+    from ..analysis.diff.changes import diff_summaries
 
-    return run_command("diff", client.url, work)
+    summaries = [client.summary(x) if remote else _analyse(x) for x, remote in zip((args.a, args.b), captures)]
+    if None in summaries:
+        return EXIT_ERROR
+    return _finish(args, diff_summaries(*summaries))
 
 
 def _diff_files(a: str, b: str) -> dict | None:

@@ -4,7 +4,7 @@ and the triggers from a shell.
 Each is one GET of the sidecar's API (docs/api.md) through ``SidecarClient``: the same answer as
 ``curl``, written to a file (``-o``; gzip-compressed when the name ends in ``.gz``) or printed. An
 error of the sidecar (a bad parameter, no engine connected) or a sidecar out of reach is one line on
-stderr and exit status 2 (cli_common.run_command).
+stderr and exit status 2 (shared.run_command).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .shared import add_connection_args, make_client, run_command
+from .client import SidecarClient
+from .shared import add_connection_args, sidecar_command
 
 
 def _url_arg(p: argparse.ArgumentParser) -> None:
@@ -72,74 +73,67 @@ def _write(data: bytes, output: Path | None) -> None:
     print(f"wrote {output} ({output.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
 
 
-def _run(name: str, client, work) -> int:
-    def done() -> int:
-        work()
-        return 0
-
-    return run_command(name, client.url, done)
-
-
-def _recorder(args: argparse.Namespace) -> int:
+@sidecar_command("recorder", timeout=60)
+def _recorder(args: argparse.Namespace, client: SidecarClient) -> int:
     fmt = args.format
     if fmt is None:
         fmt = "trace" if args.output and args.output.name.endswith((".json.gz", ".trace.json")) else "json"
-    client = make_client(args, timeout=60)
-    return _run("recorder", client, lambda: _write(
-        client.get_bytes("/recorder", _params(seconds=args.seconds, format=fmt, processes=args.processes)), args.output))
+    params = _params(seconds=args.seconds, format=fmt, processes=args.processes)
+    _write(client.get_bytes("/recorder", params), args.output)
+    return 0
 
 
-def _stacks(args: argparse.Namespace) -> int:
-    client = make_client(args, timeout=(args.seconds or 0) + 30)
+@sidecar_command("stacks", timeout=lambda args: (args.seconds or 0) + 30)  # a sample takes the seconds asked for
+def _stacks(args: argparse.Namespace, client: SidecarClient) -> int:
     params = _params(seconds=args.seconds, hz=args.hz, format=args.format, threads=args.threads,
                      processes=args.processes, mode="native" if args.native else None)
-    return _run("stacks", client, lambda: _write(client.get_bytes("/stacks", params), args.output))
+    _write(client.get_bytes("/stacks", params), args.output)
+    return 0
 
 
-def _requests(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> None:
-        answer = client.request("GET", "/requests")
-        if args.json:
-            print(json.dumps(answer, indent=1))
-            return
-        print(f"{answer['count']} requests in flight" +
-              (f", the oldest {answer['oldest_age_s']:.1f} s old" if answer.get("oldest_age_s") is not None else ""))
-        for r in answer["requests"]:
-            print(f"  {r.get('age_s', 0):8.1f} s  {r.get('phase', '?'):<9} prompt {r.get('prompt_tokens')}, "
-                  f"output {r.get('output_tokens')}  {r.get('id')}")
-        for p in answer["processes"]:
-            if p.get("error"):
-                print(f"  ({p['process']}: {p['error']})")
-
-    return _run("requests", client, work)
+@sidecar_command("requests")
+def _requests(args: argparse.Namespace, client: SidecarClient) -> int:
+    answer = client.request("GET", "/requests")
+    if args.json:
+        print(json.dumps(answer, indent=1))
+        return 0
+    print(f"{answer['count']} requests in flight" +
+          (f", the oldest {answer['oldest_age_s']:.1f} s old" if answer.get("oldest_age_s") is not None else ""))
+    for r in answer["requests"]:
+        print(f"  {r.get('age_s', 0):8.1f} s  {r.get('phase', '?'):<9} prompt {r.get('prompt_tokens')}, "
+              f"output {r.get('output_tokens')}  {r.get('id')}")
+    for p in answer["processes"]:
+        if p.get("error"):
+            print(f"  ({p['process']}: {p['error']})")
+    return 0
 
 
-def _triggers(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> None:
-        if args.add is not None:
-            rules = json.loads(args.add.read_text())
-            for rule in rules if isinstance(rules, list) else [rules]:
-                added = json.loads(client.call("POST", "/triggers", body=rule))
-                print(f"added {added['id']}: {added['rule']['name']}")
-        elif args.delete is not None:
-            client.call("DELETE", f"/triggers/{args.delete}")
-            print(f"deleted {args.delete}")
-        elif args.show is not None:
-            print(json.dumps(client.request("GET", f"/triggers/{args.show}"), indent=1))
-        else:
-            listed = client.request("GET", "/triggers")["triggers"]
-            print(f"{len(listed)} triggers")
-            for t in listed:
-                counts = t.get("counts", {})
-                print(f"  {t['id']}  {t['rule']['name']}  fired {counts.get('fired', 0)}, "
-                      f"skipped {counts.get('skipped', 0)}")
-
+@sidecar_command("triggers")
+def _triggers(args: argparse.Namespace, client: SidecarClient) -> int:
     try:
-        return _run("triggers", client, work)
+        _change_triggers(args, client)
     except ValueError as exc:  # the rules file is not JSON
         print(f"sidecar triggers: {args.add}: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _change_triggers(args: argparse.Namespace, client: SidecarClient) -> None:
+    """Adds, deletes, shows or lists the triggers, as the flags of ``sidecar triggers`` ask."""
+    if args.add is not None:
+        rules = json.loads(args.add.read_text())
+        for rule in rules if isinstance(rules, list) else [rules]:
+            added = json.loads(client.call("POST", "/triggers", body=rule))
+            print(f"added {added['id']}: {added['rule']['name']}")
+    elif args.delete is not None:
+        client.call("DELETE", f"/triggers/{args.delete}")
+        print(f"deleted {args.delete}")
+    elif args.show is not None:
+        print(json.dumps(client.request("GET", f"/triggers/{args.show}"), indent=1))
+    else:
+        listed = client.request("GET", "/triggers")["triggers"]
+        print(f"{len(listed)} triggers")
+        for t in listed:
+            counts = t.get("counts", {})
+            print(f"  {t['id']}  {t['rule']['name']}  fired {counts.get('fired', 0)}, "
+                  f"skipped {counts.get('skipped', 0)}")

@@ -2,7 +2,7 @@
 ``metrics``: the sidecar's jobs and what they found, from a shell.
 
 Each prints a readable table or summary by default and the API's JSON with ``--json``, and exits
-non-zero with one line on stderr on any error (cli_common.run_command). A wait shows its
+non-zero with one line on stderr on any error (shared.run_command). A wait shows its
 progress on a terminal (stderr) and nothing extra when piped.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..common import config
-from .shared import add_connection_args, make_client, run_command, table
-from .client import describe
+from .shared import add_connection_args, sidecar_command, table
+from .client import SidecarClient, describe
 
 EXIT_NOT_DONE = 1  # the job ended, but not "done" (partial, failed, cancelled)
 
@@ -153,29 +153,25 @@ def progress_line(status: dict[str, Any], elapsed_s: float) -> str:
     return " · ".join(parts)
 
 
-def _capture(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> int:
-        started = client.start(
-            args.steps, delay=args.delay, activities=args.activities, processes=args.processes,
-            instance=args.instance, with_stack=args.with_stack or None, stacks=args.stacks, stack_hz=args.stack_hz,
-            record_shapes=args.record_shapes or None, profile_memory=args.profile_memory or None,
-            with_flops=args.with_flops or None, with_modules=args.with_modules or None, timeout_s=args.timeout,
-        )
-        progress = Progress()
-        try:
-            # The sidecar ends the capture at timeout_s; the margin covers its export and analysis.
-            status = client.wait(started["id"], timeout=(args.timeout or config.DEFAULT_CAPTURE_TIMEOUT_S) + 120,
-                                 on_poll=progress)
-        finally:
-            progress.close()
-        if args.output and status.get("trace"):
-            client.download(status["trace"], args.output)
-        _print_json(status) if args.json else print(describe(status))
-        return 0 if status["state"] == "done" else EXIT_NOT_DONE
-
-    return run_command("capture", client.url, work)
+@sidecar_command("capture")
+def _capture(args: argparse.Namespace, client: SidecarClient) -> int:
+    started = client.start(
+        args.steps, delay=args.delay, activities=args.activities, processes=args.processes,
+        instance=args.instance, with_stack=args.with_stack or None, stacks=args.stacks, stack_hz=args.stack_hz,
+        record_shapes=args.record_shapes or None, profile_memory=args.profile_memory or None,
+        with_flops=args.with_flops or None, with_modules=args.with_modules or None, timeout_s=args.timeout,
+    )
+    progress = Progress()
+    try:
+        # The sidecar ends the capture at timeout_s; the margin covers its export and analysis.
+        status = client.wait(started["id"], timeout=(args.timeout or config.DEFAULT_CAPTURE_TIMEOUT_S) + 120,
+                             on_poll=progress)
+    finally:
+        progress.close()
+    if args.output and status.get("trace"):
+        client.download(status["trace"], args.output)
+    _print_json(status) if args.json else print(describe(status))
+    return 0 if status["state"] == "done" else EXIT_NOT_DONE
 
 
 def describe_scan(scan: dict[str, Any]) -> str:
@@ -195,162 +191,130 @@ def describe_scan(scan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _sync(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> int:
-        params = {k: v for k, v in {"steps": args.steps, "delay": args.delay, "processes": args.processes,
-                                    "instance": args.instance, "baseline": args.baseline}.items() if v is not None}
-        started = client.request("POST", "/sync/start", params)
-        progress = Progress()
-        try:
-            scan = client.wait(started["id"], timeout=args.timeout, on_poll=progress, path="/sync/")
-        finally:
-            progress.close()
-        _print_json(scan) if args.json else print(describe_scan(scan))
-        return 0 if scan["state"] == "done" else EXIT_NOT_DONE
-
-    return run_command("sync", client.url, work)
+@sidecar_command("sync")
+def _sync(args: argparse.Namespace, client: SidecarClient) -> int:
+    params = {k: v for k, v in {"steps": args.steps, "delay": args.delay, "processes": args.processes,
+                                "instance": args.instance, "baseline": args.baseline}.items() if v is not None}
+    started = client.request("POST", "/sync/start", params)
+    progress = Progress()
+    try:
+        scan = client.wait(started["id"], timeout=args.timeout, on_poll=progress, path="/sync/")
+    finally:
+        progress.close()
+    _print_json(scan) if args.json else print(describe_scan(scan))
+    return 0 if scan["state"] == "done" else EXIT_NOT_DONE
 
 
-def _status(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> int:
-        if args.id:
-            kind = "/sync/" if args.id.startswith("s") else "/profile/"
-            body = client.request("GET", f"{kind}{args.id}")
-            if args.json:
-                _print_json(body)
-            else:
-                print(describe_scan(body) if kind == "/sync/" else describe(body))
-            return 0
-        health = client.request("GET", "/healthz")
-        processes = client.request("GET", "/processes")["processes"]
-        captures = client.request("GET", "/profiles")["captures"][:5]
-        scans = client.request("GET", "/syncs")["scans"][:3]
+@sidecar_command("status")
+def _status(args: argparse.Namespace, client: SidecarClient) -> int:
+    if args.id:
+        kind = "/sync/" if args.id.startswith("s") else "/profile/"
+        body = client.request("GET", f"{kind}{args.id}")
         if args.json:
-            _print_json({"healthz": health, "processes": processes, "captures": captures, "scans": scans})
-            return 0
-        print(f"sidecar {client.url}: {health.get('status')}, version {health.get('version')}, "
-              f"{len(processes)} engine process{'es' if len(processes) != 1 else ''}")
-        if processes:
-            rows = [[p["label"], p.get("engine") or "", str(p.get("last_step") if p.get("last_step") is not None else "-"),
-                     f"{p['step_rate']:.1f}/s" if p.get("step_rate") else "-",
-                     "STUCK" if p.get("stuck") else (f"in a step {p['open_step_ms']:.0f} ms" if p.get("open_step_ms") else "")]
-                    for p in processes]
-            print(table(rows, ["process", "engine", "steps", "rate", "now"]))
-        running = [c for c in captures if c["state"] in ("armed", "capturing", "exporting")]
-        running += [s for s in scans if s["state"] in ("armed", "scanning")]
-        print("running: " + (", ".join(f"{j['id']} ({j['state']})" for j in running) if running else "nothing"))
-        if captures:
-            print("recent captures:")
-            print(table([_capture_row(c) for c in captures], ["id", "state", "steps", "headline"]))
+            _print_json(body)
+        else:
+            print(describe_scan(body) if kind == "/sync/" else describe(body))
         return 0
-
-    return run_command("status", client.url, work)
+    health = client.request("GET", "/healthz")
+    processes = client.request("GET", "/processes")["processes"]
+    captures = client.request("GET", "/profiles")["captures"][:5]
+    scans = client.request("GET", "/syncs")["scans"][:3]
+    if args.json:
+        _print_json({"healthz": health, "processes": processes, "captures": captures, "scans": scans})
+        return 0
+    print(f"sidecar {client.url}: {health.get('status')}, version {health.get('version')}, "
+          f"{len(processes)} engine process{'es' if len(processes) != 1 else ''}")
+    if processes:
+        rows = [[p["label"], p.get("engine") or "", str(p.get("last_step") if p.get("last_step") is not None else "-"),
+                 f"{p['step_rate']:.1f}/s" if p.get("step_rate") else "-",
+                 "STUCK" if p.get("stuck") else (f"in a step {p['open_step_ms']:.0f} ms" if p.get("open_step_ms") else "")]
+                for p in processes]
+        print(table(rows, ["process", "engine", "steps", "rate", "now"]))
+    running = [c for c in captures if c["state"] in ("armed", "capturing", "exporting")]
+    running += [s for s in scans if s["state"] in ("armed", "scanning")]
+    print("running: " + (", ".join(f"{j['id']} ({j['state']})" for j in running) if running else "nothing"))
+    if captures:
+        print("recent captures:")
+        print(table([_capture_row(c) for c in captures], ["id", "state", "steps", "headline"]))
+    return 0
 
 
 def _capture_row(c: dict[str, Any]) -> list[str]:
     return [c["id"], c["state"], str(c.get("steps", "")), (c.get("headline") or c.get("reason") or "")[:100]]
 
 
-def _list(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> int:
-        if args.scans:
-            scans = client.request("GET", "/syncs")["scans"]
-            if args.json:
-                _print_json({"scans": scans})
-            elif not scans:
-                print("no scans")
-            else:
-                print(table([[s["id"], s["state"], str(s.get("steps", "")), str(s.get("hidden", "")), str(s.get("expected", ""))]
-                             for s in scans], ["id", "state", "steps", "hidden", "expected"]))
-            return 0
-        captures = client.request("GET", "/profiles")["captures"]
+@sidecar_command("list")
+def _list(args: argparse.Namespace, client: SidecarClient) -> int:
+    if args.scans:
+        scans = client.request("GET", "/syncs")["scans"]
         if args.json:
-            _print_json({"captures": captures})
-        elif not captures:
-            print("no captures")
+            _print_json({"scans": scans})
+        elif not scans:
+            print("no scans")
         else:
-            print(table([_capture_row(c) for c in captures], ["id", "state", "steps", "headline"]))
+            print(table([[s["id"], s["state"], str(s.get("steps", "")), str(s.get("hidden", "")), str(s.get("expected", ""))]
+                         for s in scans], ["id", "state", "steps", "hidden", "expected"]))
         return 0
+    captures = client.request("GET", "/profiles")["captures"]
+    if args.json:
+        _print_json({"captures": captures})
+    elif not captures:
+        print("no captures")
+    else:
+        print(table([_capture_row(c) for c in captures], ["id", "state", "steps", "headline"]))
+    return 0
 
-    return run_command("list", client.url, work)
+
+@sidecar_command("stop")
+def _stop(args: argparse.Namespace, client: SidecarClient) -> int:
+    body = client.request("POST", "/sync/stop" if args.scan else "/profile/stop")
+    _print_json(body) if args.json else print(f"{'scan' if args.scan else 'capture'} {body['id']}: {body['state']}")
+    return 0
 
 
-def _stop(args: argparse.Namespace) -> int:
-    client = make_client(args)
+@sidecar_command("summary")
+def _summary(args: argparse.Namespace, client: SidecarClient) -> int:
+    summary = client.summary(args.id)
+    if args.json:
+        _print_json(summary)
+    else:
+        from ..analysis import format_report
 
-    def work() -> int:
-        body = client.request("POST", "/sync/stop" if args.scan else "/profile/stop")
-        _print_json(body) if args.json else print(f"{'scan' if args.scan else 'capture'} {body['id']}: {body['state']}")
+        sys.stdout.write(format_report(summary))
+    return 0
+
+
+@sidecar_command("download", timeout=300)
+def _download(args: argparse.Namespace, client: SidecarClient) -> int:
+    path = (f"/profile/{args.id}/files/{args.file}" if args.file else
+            f"/profile/{args.id}/report" if args.report else f"/profile/{args.id}/trace")
+    client.download(path, args.output)
+    print(f"wrote {args.output} ({args.output.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
+    return 0
+
+
+@sidecar_command("watch")
+def _watch(args: argparse.Namespace, client: SidecarClient) -> int:
+    watch = client.request("GET", "/syncs/watch")
+    if args.json:
+        _print_json(watch)
         return 0
-
-    return run_command("stop", client.url, work)
-
-
-def _summary(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> int:
-        summary = client.summary(args.id)
-        if args.json:
-            _print_json(summary)
-        else:
-            from ..analysis import format_report
-
-            sys.stdout.write(format_report(summary))
-        return 0
-
-    return run_command("summary", client.url, work)
+    for p in watch["processes"]:
+        why = f" ({p['reason']})" if p.get("reason") else ""
+        print(f"{p['process']}: {p['state']}{why}, every {p.get('every', '-')} steps, "
+              f"{p.get('sampled_steps', 0):,} sampled")
+    if not watch["processes"]:
+        print("no engine process reports a sync watch (SIDECAR_SYNC_WATCH=1 in the engine's environment)")
+    rows = [[s["classification"], s["op"], s.get("phase", ""), f"{s['count']:,}", f"{s.get('count_per_step', 0):g}",
+             f"{s.get('path') or s.get('file')}:{s.get('line')} ({s.get('function', '')})"] for s in watch["sites"]]
+    if rows:
+        print(table(rows, ["class", "op", "phase", "count", "per step", "site"]))
+    return 0
 
 
-def _download(args: argparse.Namespace) -> int:
-    client = make_client(args, timeout=300)
-
-    def work() -> int:
-        path = (f"/profile/{args.id}/files/{args.file}" if args.file else
-                f"/profile/{args.id}/report" if args.report else f"/profile/{args.id}/trace")
-        client.download(path, args.output)
-        print(f"wrote {args.output} ({args.output.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
-        return 0
-
-    return run_command("download", client.url, work)
-
-
-def _watch(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> int:
-        watch = client.request("GET", "/syncs/watch")
-        if args.json:
-            _print_json(watch)
-            return 0
-        for p in watch["processes"]:
-            why = f" ({p['reason']})" if p.get("reason") else ""
-            print(f"{p['process']}: {p['state']}{why}, every {p.get('every', '-')} steps, "
-                  f"{p.get('sampled_steps', 0):,} sampled")
-        if not watch["processes"]:
-            print("no engine process reports a sync watch (SIDECAR_SYNC_WATCH=1 in the engine's environment)")
-        rows = [[s["classification"], s["op"], s.get("phase", ""), f"{s['count']:,}", f"{s.get('count_per_step', 0):g}",
-                 f"{s.get('path') or s.get('file')}:{s.get('line')} ({s.get('function', '')})"] for s in watch["sites"]]
-        if rows:
-            print(table(rows, ["class", "op", "phase", "count", "per step", "site"]))
-        return 0
-
-    return run_command("watch", client.url, work)
-
-
-def _metrics(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> int:
-        text = client.get_bytes("/metrics").decode()
-        lines = [line for line in text.splitlines() if args.grep is None or args.grep in line]
-        print("\n".join(lines))
-        return 0
-
-    return run_command("metrics", client.url, work)
+@sidecar_command("metrics")
+def _metrics(args: argparse.Namespace, client: SidecarClient) -> int:
+    text = client.get_bytes("/metrics").decode()
+    lines = [line for line in text.splitlines() if args.grep is None or args.grep in line]
+    print("\n".join(lines))
+    return 0

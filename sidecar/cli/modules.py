@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 from ..common import config
-from .shared import add_connection_args, make_client, run_command, table
+from .client import SidecarClient
+from .shared import add_connection_args, sidecar_command, table
 from .jobs import EXIT_NOT_DONE, Progress
 
 
@@ -58,33 +59,29 @@ def describe_modules(job: dict[str, Any], top: int = 15) -> str:
     return "\n".join(lines)
 
 
-def _modules(args: argparse.Namespace) -> int:
-    client = make_client(args)
-
-    def work() -> int:
-        if args.list:
-            jobs = client.request("GET", "/modules")["jobs"]
-            if args.json:
-                print(json.dumps(jobs, indent=1))
-            else:
-                rows = [[j["id"], j["state"], str(j["steps"]), f"{j['forward_ms_per_step']:.3f}"
-                         if j.get("forward_ms_per_step") is not None else "-", j.get("reason") or ""] for j in jobs]
-                print(table(rows, ["id", "state", "steps", "forward ms/step", "reason"]) if rows else "no module timings")
-            return 0
-        if args.stop:
-            job = client.request("POST", "/modules/stop")
-        elif args.id is not None:
-            job = client.modules(args.id)
+@sidecar_command("modules")
+def _modules(args: argparse.Namespace, client: SidecarClient) -> int:
+    if args.list:
+        jobs = client.request("GET", "/modules")["jobs"]
+        if args.json:
+            print(json.dumps(jobs, indent=1))
         else:
-            started = client.start_modules(args.steps, delay=args.delay, processes=args.processes,
-                                           instance=args.instance, timeout_s=args.timeout)
-            progress = Progress()
-            try:
-                job = client.wait(started["id"], timeout=(args.timeout or config.DEFAULT_CAPTURE_TIMEOUT_S) + 30,
-                                  on_poll=progress, path="/modules/")
-            finally:
-                progress.close()
-        print(json.dumps(job, indent=1) if args.json else describe_modules(job, args.top))
-        return 0 if job["state"] == "done" else EXIT_NOT_DONE
-
-    return run_command("modules", client.url, work)
+            rows = [[j["id"], j["state"], str(j["steps"]), f"{j['forward_ms_per_step']:.3f}"
+                     if j.get("forward_ms_per_step") is not None else "-", j.get("reason") or ""] for j in jobs]
+            print(table(rows, ["id", "state", "steps", "forward ms/step", "reason"]) if rows else "no module timings")
+        return 0
+    if args.stop:
+        job = client.request("POST", "/modules/stop")
+    elif args.id is not None:
+        job = client.modules(args.id)
+    else:
+        started = client.start_modules(args.steps, delay=args.delay, processes=args.processes,
+                                       instance=args.instance, timeout_s=args.timeout)
+        progress = Progress()
+        try:
+            job = client.wait(started["id"], timeout=(args.timeout or config.DEFAULT_CAPTURE_TIMEOUT_S) + 30,
+                              on_poll=progress, path="/modules/")
+        finally:
+            progress.close()
+    print(json.dumps(job, indent=1) if args.json else describe_modules(job, args.top))
+    return 0 if job["state"] == "done" else EXIT_NOT_DONE

@@ -4,6 +4,7 @@ and how a failure is told to the person at the terminal (one line on stderr, a n
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -53,6 +54,26 @@ def run_command(name: str, client_url: str, work: Callable[[], int]) -> int:
     except OSError as exc:  # a local file: one the command reads or writes
         print(f"sidecar {name}: {exc}", file=sys.stderr)
     return EXIT_ERROR
+
+
+def sidecar_command(name: str, timeout: float | Callable[[argparse.Namespace], float] = 30.0
+                    ) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Makes ``work(args, client, *more)`` the handler ``(args, *more) -> exit code`` of ``sidecar NAME``.
+
+    The handler builds the client of ``--url`` and ``--token-file`` (``timeout``: seconds, or a function of
+    the parsed args for a command whose answer takes as long as the user asks), then runs ``work`` through
+    ``run_command``, so that every command tells a refusal or an unreachable sidecar the same way."""
+
+    def decorate(work: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(work)
+        def handler(args: argparse.Namespace, *more) -> int:
+            # The client first, outside run_command: an unreadable token file is its own message.
+            client = make_client(args, timeout(args) if callable(timeout) else timeout)
+            return run_command(name, client.url, lambda: work(args, client, *more))
+
+        return handler
+
+    return decorate
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
