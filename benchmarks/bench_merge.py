@@ -1,7 +1,10 @@
 """Benchmark: peak memory and time of merging a capture's raw traces in the sidecar, streaming
 (``sidecar.service.export.merge``) against the merge it replaced, which loaded each raw trace whole with
-``json.load`` (kept below as ``reference_finalize``: the old code, with a switch to leave the
-analysis out).
+``json.load`` (``reference_finalize`` below, with a switch to leave the analysis out). The reference
+copies none of the product's code: it loads every raw trace whole and holds them all, as the old
+merge did, then hands the loaded events to the product's own writer
+(``sidecar.service.export.merged_trace.write_merged``) and compressor; how the events are read is
+the one thing the two measure differently.
 
 The capture is the largest shared trace, decompressed into ``raw/`` as a probe writes it (plain
 Kineto JSON), ``--copies`` times as ranks of one capture. Each merge runs in a subprocess of its
@@ -30,7 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "v100-train-large.json.gz"
@@ -38,122 +41,52 @@ IMPLS = ("json.load", "streaming")
 
 
 # -- the merge before it streamed: each raw trace loaded whole with json.load ---------------------------
-ROLE_ORDER = {"api_server": 0, "engine_core": 1, "worker": 2}
-
-
-def _reference_sort_key(rec) -> tuple:
-    return (ROLE_ORDER.get(rec.role, 9), rec.rank or 0, rec.pid)
-
-
 def reference_finalize(capture_dir: Path, records, max_bytes: int, analyse: bool = True):
-    from sidecar.service.export.merge import MERGED_NAME, FinalizeResult, ProcessOutcome, _analyse
+    """The merge as it was before it streamed: every raw trace of the capture loaded whole with
+    ``json.load`` and all of them held until the merged trace is written. Compressing, merging and
+    the analysis are the product's own code (``merged_trace.write_merged`` fed the loaded events in
+    place of its streaming reader). ``max_bytes`` as ``finalize_capture``'s: a capture over it is
+    refused (the benchmark's never is)."""
+    from sidecar.service.export import merged_trace
+    from sidecar.service.export.compression import compress
+    from sidecar.service.export.merge import (MERGED_NAME, PROCESS_TRACE_SUFFIX, FinalizeResult, ProcessOutcome,
+                                              RawTrace, _analyse)
+    from sidecar.service.export.raw_trace import HEADER_MEMBERS
 
     result = FinalizeResult()
-    raw_dir = (capture_dir / "raw").resolve()
-    kept = []
+    traces: list = []
+    events: dict[str, list] = {}  # each raw trace's events, loaded whole, by path
     total = 0
-    for rec in sorted(records, key=lambda r: (0 if r.role == "worker" else 1, *_reference_sort_key(r))):
+    for rec in sorted(records, key=lambda r: r.sort_key):
         if rec.state != "done" or not rec.raw_file:
             continue
-        raw = Path(rec.raw_file).resolve()
-        if raw.parent != raw_dir or not raw.is_file():
-            result.processes[rec.stem] = ProcessOutcome(error="trace file missing or outside the capture directory")
-            continue
-        size = raw.stat().st_size
-        if total + size > max_bytes:
-            result.processes[rec.stem] = ProcessOutcome(error=f"dropped: capture size limit of {max_bytes // 2**20} MiB reached")
-            result.problems.append(f"size limit of {max_bytes // 2**20} MiB reached")
-            raw.unlink(missing_ok=True)
-            continue
-        total += size
-        kept.append((rec, raw))
-
-    kept.sort(key=lambda item: _reference_sort_key(item[0]))
-    traces = []
-    for rec, raw in kept:
-        try:
-            with raw.open("rb") as fh:
-                data = json.load(fh)
-            if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-                raise ValueError("not a Kineto trace (no traceEvents list)")
-        except (OSError, ValueError) as exc:
-            result.processes[rec.stem] = ProcessOutcome(error=f"unreadable trace: {exc}")
-            continue
-        gz_name = rec.stem + ".pt.trace.json.gz"
-        with raw.open("rb") as src, gzip.open(capture_dir / gz_name, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+        raw = Path(rec.raw_file)
+        total += raw.stat().st_size
+        if total > max_bytes:
+            raise ValueError(f"capture over {max_bytes} bytes")
+        with raw.open("rb") as fh:
+            data = json.load(fh)
+        if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+            raise ValueError(f"{raw}: not a Kineto trace (no traceEvents list)")
+        events[str(raw)] = data["traceEvents"]
+        gz_name = rec.stem + PROCESS_TRACE_SUFFIX
+        compress(raw, capture_dir / gz_name)
         result.processes[rec.stem] = ProcessOutcome(file=gz_name, bytes=(capture_dir / gz_name).stat().st_size)
-        traces.append((rec, data))
-    shutil.rmtree(raw_dir, ignore_errors=True)
+        traces.append(RawTrace(rec, raw, {k: v for k, v in data.items() if k in HEADER_MEMBERS}))
+    shutil.rmtree(capture_dir / "raw", ignore_errors=True)
 
     if traces:
         merged = capture_dir / MERGED_NAME
-        reference_write_merged(merged, traces)
+        streaming = merged_trace.read_events
+        merged_trace.read_events = lambda path, *args, **kwargs: iter((events[path],))  # one batch: all of it
+        try:
+            merged_trace.write_merged(merged, traces)
+        finally:
+            merged_trace.read_events = streaming
         result.trace_file, result.trace_bytes = MERGED_NAME, merged.stat().st_size
         if analyse:
             result.summary_file, result.headline = _analyse(capture_dir, merged)
     return result
-
-
-def reference_write_merged(path: Path, traces: list[tuple[Any, dict]]) -> None:
-    bases = [int(d.get("baseTimeNanoseconds") or 0) for _, d in traces]
-    ref = min(bases)
-    tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as out:
-        devices = next((d.get("deviceProperties") for _, d in traces if d.get("deviceProperties")), [])
-        header = {
-            "schemaVersion": 1,
-            "displayTimeUnit": "ms",
-            "baseTimeNanoseconds": ref,
-            "deviceProperties": devices,
-            "inference_sidecar": {
-                "processes": [{"label": rec.label, "role": rec.role, "pid": rec.pid, "rank": rec.rank} for rec, _ in traces]
-            },
-        }
-        out.write(json.dumps(header)[:-1] + ', "traceEvents": [\n')
-        first = True
-        for index, ((rec, data), base) in enumerate(zip(traces, bases)):
-            for event in _reference_events(index, rec, data["traceEvents"], (base - ref) / 1000.0):
-                if not first:
-                    out.write(",\n")
-                out.write(json.dumps(event, separators=(",", ":")))
-                first = False
-        out.write("\n]}\n")
-    os.replace(tmp, path)
-
-
-def _reference_events(index: int, rec: Any, events: list, shift_us: float):
-    from sidecar.service.export.merged_trace import DEVICE_PID_BASE, FLOW_ID_STRIDE, _meta
-
-    device_pids: dict[Any, int] = {}
-
-    def pid_for(pid: Any) -> Any:
-        if pid == rec.pid:
-            return pid
-        if pid not in device_pids:
-            device_pids[pid] = DEVICE_PID_BASE + index * 256 + len(device_pids)
-        return device_pids[pid]
-
-    for ev in events:
-        if not isinstance(ev, dict):
-            continue
-        if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index", "process_labels"):
-            continue
-        ev = dict(ev)
-        if "ts" in ev and shift_us:
-            ev["ts"] = round(float(ev["ts"]) + shift_us, 3)
-        if "pid" in ev:
-            ev["pid"] = pid_for(ev["pid"])
-        if ev.get("ph") in ("s", "t", "f") and isinstance(ev.get("id"), int):
-            ev["id"] = ev["id"] + (index + 1) * FLOW_ID_STRIDE
-        yield ev
-    sort_base = (ROLE_ORDER.get(rec.role, 9) * 1000 + (rec.rank or 0)) * 10
-    yield _meta("process_name", rec.pid, {"name": rec.label})
-    yield _meta("process_sort_index", rec.pid, {"sort_index": sort_base})
-    for n, (orig, pid) in enumerate(device_pids.items()):
-        track = f"device {orig}" if isinstance(orig, int) else (str(orig) or "profiler")
-        yield _meta("process_name", pid, {"name": f"{rec.label} {track}"})
-        yield _meta("process_sort_index", pid, {"sort_index": sort_base + 1 + n})
 
 
 # -- a capture's process records, as the sidecar's capture model has them ---------------------------------
