@@ -21,7 +21,7 @@ from ..common import auth
 from ..common.protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
 from .export import merge
 from .browser_guard import browser_guard
-from .routes.captures import add_capture_routes, capture_json
+from .routes.captures import add_capture_routes
 from .routes.diff import add_diff_routes
 from .metrics.engine_state import EngineStateCollector
 from .routes.incidents import add_incident_routes
@@ -114,7 +114,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
     app[JOBS] = board
     app[CAPTURES] = CaptureManager(
         registry, board, settings.trace_dir, executor, max_capture_bytes=settings.max_capture_bytes,
-        keep=settings.keep, keep_bytes=settings.keep_bytes, min_free_bytes=settings.min_free_bytes, render=capture_json, stop_grace_s=settings.stop_grace_s, on_finished=observe_capture,
+        keep=settings.keep, keep_bytes=settings.keep_bytes, min_free_bytes=settings.min_free_bytes, stop_grace_s=settings.stop_grace_s, on_finished=observe_capture,
     )
     app[METRICS_REGISTRY].register(WatchCollector(registry))
     app[METRICS_REGISTRY].register(EngineStateCollector(registry))

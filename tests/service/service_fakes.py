@@ -54,7 +54,7 @@ class World:
     """A sidecar without HTTP: registry, job board, capture and scan managers."""
 
     def __init__(self, tmp_path: Path, *, keep: int = 20, grace_s: float = 0.3, arm_reply_s: float = 0.3,
-                 render: Callable | None = None, min_free_bytes: int = 0) -> None:
+                 min_free_bytes: int = 0) -> None:
         """``min_free_bytes``: the capture manager's free-space floor (0: a test's disk is never too full)."""
         self.registry = ProbeRegistry()
         self.board = JobBoard()
@@ -63,7 +63,7 @@ class World:
         self.trace_dir = tmp_path / "traces"
         self.captures = CaptureManager(
             self.registry, self.board, self.trace_dir, self.executor, max_capture_bytes=1 << 30, keep=keep,
-            render=render or (lambda c: {"id": c.id, "state": c.state}), stop_grace_s=grace_s,
+            stop_grace_s=grace_s,
             arm_reply_s=arm_reply_s, on_finished=self.finished.append, min_free_bytes=min_free_bytes,
         )
         self.scans = ScanManager(self.registry, self.board, self.trace_dir / "scans", keep=keep, stop_grace_s=grace_s,

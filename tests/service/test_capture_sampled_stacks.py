@@ -138,5 +138,5 @@ def test_an_interrupted_captures_samples_go_with_its_leftovers(tmp_path):
     (folder / "raw").mkdir(parents=True)
     (folder / "raw" / "worker-rank0-pid7.json").write_text('{"traceEvents": [')
     (folder / "raw" / "worker-rank0-pid7.stacks.msgpack").write_bytes(b"\x8f")
-    [capture] = restore_captures(tmp_path / "traces", lambda c: {"id": c.id, "state": c.state})
+    [capture] = restore_captures(tmp_path / "traces")
     assert capture.state == "failed" and not (folder / "raw").exists()

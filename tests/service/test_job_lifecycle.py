@@ -81,7 +81,7 @@ async def test_capture_arms_begins_at_one_step_with_delay_and_finishes_done(worl
     assert capture.state == "done" and capture.reason is None and capture.notes == []
     assert capture.trace_file == "trace.json.gz" and capture.files()[-1] == "trace.json.gz"
     assert world.finished == [capture]
-    assert json.loads((capture.dir / "capture.json").read_text()) == {"id": capture.id, "state": "done"}
+    assert json.loads((capture.dir / "capture.json").read_text()) == capture.to_json()
     assert [r.role for r in fake_merge[0]] == ["api_server", "engine_core", "worker"]
 
 

@@ -16,7 +16,6 @@ from sidecar.service.app import ServiceSettings, make_app
 from sidecar.service.jobs import captures as captures_module
 from sidecar.service.jobs.capture_index import from_json
 from sidecar.service.metrics.captures import CaptureMetrics
-from sidecar.service.routes.captures import capture_json
 from sidecar.service.export.merge import FinalizeResult, ProcessOutcome
 from sidecar.service.jobs.params import CaptureRequest
 from sidecar.service.jobs.request_captures import RequestCaptures
@@ -26,7 +25,7 @@ from service_fakes import World, identity, sent, until
 
 @pytest.fixture
 async def world(tmp_path):
-    w = World(tmp_path, render=capture_json)
+    w = World(tmp_path)
     yield w
     await w.close()
 
@@ -81,7 +80,7 @@ async def test_an_ask_is_answered_once_every_step_driven_process_is_armed(world,
     await until(lambda: sent(w0, Begin))
     assert sent(w0, Begin)[0].start_step == capture.start_step == 41
     assert count(metrics, "armed", "none") == 1
-    assert capture_json(capture)["request"]["id"] == "cmpl-a-0"
+    assert capture.to_json()["request"]["id"] == "cmpl-a-0"
 
 
 async def test_a_capture_that_ended_with_its_request_is_done_with_the_steps_it_recorded(world, asks, fake_merge):
@@ -101,7 +100,7 @@ async def test_a_capture_that_ended_with_its_request_is_done_with_the_steps_it_r
         await world.capture_report(api, capture.id, state, file="/y.json")
     await asyncio.wait_for(capture.done_event.wait(), 5)
     assert (capture.state, capture.reason) == ("done", None)
-    body = capture_json(capture)
+    body = capture.to_json()
     assert body["steps"] == 8 and body["request"]["max_steps"] == 32
 
 
@@ -239,5 +238,5 @@ def test_the_bound_request_is_read_back_after_a_restart(tmp_path):
     data = {"id": folder.name, "state": "done", "steps": 8, "options": {},
             "request": {"id": "cmpl-a-0", "max_steps": 32, "asked_by": "API server (pid 1)"}}
     restored = from_json(folder, data, interrupted=False)
-    assert capture_json(restored)["request"] == data["request"]
+    assert restored.to_json()["request"] == data["request"]
     assert from_json(folder, {**data, "request": "junk"}, interrupted=False).bound_request is None

@@ -6,7 +6,7 @@
     board             ``JobBoard``: one job at a time across kinds; the probes' reports routed by job id
     arming            the common start step: the one place where ``delay`` applies
     params            the start and query parameters validated: every bad value a ``ParamError`` naming it
-    capture           the capture model: ``Capture``, ``CaptureProcess``, ``BoundCaptureRequest``, ``capture_url``
+    capture           the capture model: ``Capture``, ``CaptureProcess``, ``BoundCaptureRequest``, ``capture_url``, its JSON
     captures          ``CaptureManager``: what only a capture does (out dir, API-server window, merge, capture.json)
     capture_index     the captures an earlier run left on disk, rebuilt at start
     scans             ``ScanManager``: hidden-sync scans (baseline, merged report)

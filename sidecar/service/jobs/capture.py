@@ -1,4 +1,5 @@
-"""A capture as the sidecar keeps it: the job, its processes, its request bound or not, its URL.
+"""A capture as the sidecar keeps it: the job, its processes, its request bound or not, its URL, its
+JSON (``GET /profile/{id}`` and capture.json: ``Capture.to_json``).
 
 The manager that runs captures is captures.py; what a restart reads back is capture_index.py (both
 build on this module, neither on the other's internals).
@@ -31,6 +32,11 @@ class BoundCaptureRequest(CaptureRequest):
 
 @dataclass(eq=False, kw_only=True)
 class CaptureProcess(ProcessRun):
+    json_fields = ("role", "pid", "rank", "label", "instance", "state", "steps_recorded", "first_step",
+                   "file", "bytes", "error", "stacks", "stack_summary", "step_thread_ms", "export_ms", "clock")
+    json_readers = {**ProcessRun.json_readers, "file": lambda v: v or None, "bytes": lambda v: int(v or 0),
+                    "stacks": lambda v: str(v or "none"), "step_thread_ms": lambda v: float(v or 0.0)}
+
     raw_file: str | None = None  # the probe's plain JSON in <its trace root>/captures/<id>/raw/, until the export
     file: str | None = None  # the compressed per-process trace, after it
     bytes: int = 0
@@ -83,3 +89,37 @@ class Capture(Job):
         """Names of the files a client may download, in the capture's directory."""
         names = [p.file for p in self.processes if p.file]
         return names + ([self.trace_file] if self.trace_file else [])
+
+    def to_json(self) -> dict[str, Any]:
+        """``GET /profile/{id}``, also saved as the capture's capture.json: the same object, with its
+        download URLs (docs/api.md)."""
+        url, r = capture_url(self.id), self.request
+        return {
+            "id": self.id,
+            "state": self.state,
+            "reason": self.reason,
+            "notes": self.notes,
+            "steps": r.steps,
+            "start_step": self.start_step,
+            "start_steps": self.start_steps,
+            "delay": r.delay,
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+            "headline": self.headline,
+            "trace": f"{url}/trace" if self.trace_file else None,
+            "trace_bytes": self.trace_bytes,
+            "summary": f"{url}/summary" if self.summary_file else None,
+            "processes": [p.to_json() for p in self.processes],
+            "trigger": self.trigger,
+            "request": self.bound_request,
+            "files": {name: f"{url}/files/{name}" for name in self.files()},
+            "options": {
+                "activities": list(r.activities) or "host default",
+                "record_shapes": r.record_shapes, "with_stack": r.with_stack,
+                "stacks": r.stacks, "stack_hz": r.stack_hz if r.with_stack else None,
+                "profile_memory": r.profile_memory, "with_flops": r.with_flops, "with_modules": r.with_modules,
+                "timeout_s": r.timeout_s,
+                "processes": [f"{s.role}:{s.rank}" if s.rank is not None else s.role for s in r.processes] or "all",
+                "instance": r.instance,
+            },
+        }

@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...common.protocol import DEFAULT_STACK_HZ, P_DONE, P_FAILED
 from ..export import disk_space, safe_files
@@ -30,7 +30,7 @@ from .states import FAILED, FINAL, P_LOST, P_TERMINAL
 from .model import CAPTURE
 from ..export.merge import MERGED_NAME, RAW_DIR, SUMMARY_NAME
 from .params import CaptureRequest, ProcessSelector
-from .saved import id_time, identity_from_json, read_saved
+from .saved import id_time, read_saved
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ INTERRUPTED = "interrupted: the sidecar stopped during the capture"
 _PROCESS_INTERRUPTED = "the sidecar stopped during the capture"
 
 
-def restore_captures(trace_dir: Path, render: Callable[[Capture], dict[str, Any]]) -> list[Capture]:
+def restore_captures(trace_dir: Path) -> list[Capture]:
     """Every capture on disk under ``trace_dir``, oldest first; interrupted ones marked and cleaned."""
     root = trace_dir / "captures"
     try:
@@ -57,12 +57,19 @@ def restore_captures(trace_dir: Path, render: Callable[[Capture], dict[str, Any]
             capture, final = from_json(folder, {}, interrupted=True), False
         _clear_leftovers(folder, keep_all=final)
         if not final:
-            try:
-                disk_space.write_atomic(folder / CAPTURE_JSON, _dumps(render(capture)))
-            except OSError as exc:
-                log.warning("capture %s: cannot rewrite capture.json: %s", capture.id, disk_space.describe(exc))
+            save_capture_json(capture, again=True)
         restored.append(capture)
     return sorted(restored, key=lambda c: (c.created_at, c.id))
+
+
+def save_capture_json(capture: Capture, *, again: bool = False) -> None:
+    """Write ``capture.to_json()`` as its capture.json, whole or not at all: a half-written one would
+    be read back as an interrupted capture. ``again``: the rewrite of a restored one."""
+    try:
+        disk_space.write_atomic(capture.dir / CAPTURE_JSON, json.dumps(capture.to_json(), indent=1))
+    except OSError as exc:
+        log.warning("capture %s: cannot %s capture.json: %s", capture.id, "rewrite" if again else "write",
+                    disk_space.describe(exc))
 
 
 def from_json(folder: Path, data: dict[str, Any], *, interrupted: bool) -> Capture:
@@ -151,14 +158,10 @@ def _process(p: dict[str, Any], interrupted: bool) -> CaptureProcess:
     state, error = str(p.get("state") or P_LOST), p.get("error")
     if interrupted and state not in P_TERMINAL:
         state, error = P_LOST, _PROCESS_INTERRUPTED
-    rec = CaptureProcess(conn=None, identity=identity_from_json(p), state=state, error=error,
-                         steps_recorded=int(p.get("steps_recorded") or 0), first_step=p.get("first_step"),
-                         stacks=str(p.get("stacks") or "none"), stack_summary=p.get("stack_summary"),
-                         step_thread_ms=float(p.get("step_thread_ms") or 0.0), export_ms=p.get("export_ms"),
-                         clock=p.get("clock"))
-    if not interrupted:  # an interrupted capture's files are partial: deleted, never offered
-        rec.file, rec.bytes = p.get("file") or None, int(p.get("bytes") or 0)
-    elif rec.state == P_DONE:
+    # An interrupted capture's files are partial: deleted, never offered.
+    partial = {"file": None, "bytes": 0} if interrupted else {}
+    rec = CaptureProcess.from_json(p, state=state, error=error, **partial)
+    if interrupted and rec.state == P_DONE:
         rec.state, rec.error = P_FAILED, _PROCESS_INTERRUPTED
     return rec
 
@@ -182,7 +185,3 @@ def _mtime(folder: Path) -> float:
         return os.stat(folder).st_mtime
     except OSError:
         return 0.0
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=1)

@@ -18,15 +18,14 @@ ended (``REQUEST_ENDED``) recorded all it was asked for, and is judged on the st
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
-from ...common.protocol import P_DONE, P_FAILED, REQUEST_ENDED, Arm, CaptureReport, CaptureSpec, Verdict
+from ...common.protocol import P_DONE, P_FAILED, REQUEST_ENDED, Arm, CaptureReport, Verdict
 from ...common.step_window import clip
 from ...stacks import samples_file as stack_samples
 from . import arming
@@ -37,8 +36,8 @@ from .board import JobBoard
 from .manager import STOP_GRACE_S, JobManager
 from .states import EXPORTING
 from .capture import BoundCaptureRequest, Capture, CaptureProcess, capture_url
-from .capture_index import restore_captures
-from .model import CAPTURE, Job, JobKind, ProcessRun
+from .capture_index import restore_captures, save_capture_json
+from .model import CAPTURE
 from .params import CaptureRequest, ParamError
 from ..export.process_stems import unique_stems
 from ..channel.registry import ProbeRegistry
@@ -60,22 +59,19 @@ class CaptureManager(JobManager[Capture]):
         keep: int,
         keep_bytes: int | None = None,
         min_free_bytes: int = disk_space.MIN_FREE_BYTES,
-        render: Callable[[Capture], dict[str, Any]],
         stop_grace_s: float = STOP_GRACE_S,
         arm_reply_s: float = ARM_REPLY_S,
         on_finished: Callable[[Capture], None] | None = None,
     ) -> None:
-        """``render``: the capture's JSON as ``GET /profile/{id}`` serves it, saved as capture.json."""
         super().__init__(registry, board, keep=keep, keep_bytes=keep_bytes, stop_grace_s=stop_grace_s,
                          arm_reply_s=arm_reply_s, on_finished=on_finished)
         self._trace_dir = trace_dir
         self._executor = executor
         self._max_bytes = max_capture_bytes
         self._min_free_bytes = min_free_bytes
-        self._render = render
         # The disk is the truth: what an earlier run of the sidecar left is listed, served and retained.
 
-        self._adopt(restore_captures(trace_dir, render))
+        self._adopt(restore_captures(trace_dir))
 
     def _create(self, request: CaptureRequest) -> Capture:
         chosen = self._select(request)
@@ -217,10 +213,7 @@ class CaptureManager(JobManager[Capture]):
         self._conclude(capture, result.problems, has_result=has_result)
 
     def _save(self, capture: Capture) -> None:
-        try:  # whole or not at all: a half-written capture.json would be read as an interrupted capture
-            disk_space.write_atomic(capture.dir / "capture.json", json.dumps(self._render(capture), indent=1))
-        except OSError as exc:
-            log.warning("capture %s: cannot write capture.json: %s", capture.id, disk_space.describe(exc))
+        save_capture_json(capture)
 
     def _remove(self, capture: Capture) -> None:
         shutil.rmtree(capture.dir, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""The job model captures and sync scans share: kinds, ids, errors, the per-process record, the verdict.
+"""The job model captures and sync scans share: kinds, ids, errors, the per-process record (and its
+JSON, both ways), the verdict.
 
 A job runs in some connected engine processes at once. The life cycle that drives it (arming,
 the common start step, stop requests, grace period, timeout, retention) is in manager.py; what
@@ -13,8 +14,9 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Self
 
+from ...engine import STANDARD_ROLES
 from ...common.protocol import CaptureReport, ModuleReport, P_ARMED, P_DONE, ProcessIdentity, SyncReport
 from . import states as st
 
@@ -75,9 +77,43 @@ class NoProbes(Exception):
     pass
 
 
+_STEP_DRIVEN = {r.name: r.step_driven for r in STANDARD_ROLES}
+# The fields of a process's JSON that are its identity's: read back together by ``identity_from_json``.
+IDENTITY_FIELDS = frozenset({"role", "pid", "rank", "label", "instance"})
+
+
+def identity_from_json(p: dict[str, Any]) -> ProcessIdentity:
+    """A process's identity from its saved JSON (role, pid, rank, label). The saved label is
+    ``<role label>[ rank k] (pid n)``, so the role label is what precedes that suffix. Whether the
+    role is step-driven is not saved: a standard role's own, else step-driven (only the order of a
+    listing depends on it once a job has ended)."""
+    role, pid, rank = str(p.get("role") or "unknown"), int(p.get("pid") or 1), p.get("rank")
+    label = str(p.get("label") or role)
+    suffix = (f" rank {rank}" if rank is not None else "") + f" (pid {pid})"
+    role_label = label[: -len(suffix)] if label.endswith(suffix) and len(label) > len(suffix) else role
+    return ProcessIdentity(role=role, role_label=role_label, step_driven=_STEP_DRIVEN.get(role, True),
+                           pid=max(1, pid), rank=rank if isinstance(rank, int) else None,
+                           instance=str(p.get("instance") or ""))
+
+
+def _count(value: Any) -> int:
+    return int(value or 0)
+
+
+def _as_saved(value: Any) -> Any:
+    return value
+
+
 @dataclass(eq=False, kw_only=True)
 class ProcessRun:
-    """One engine process's part in a job. ``state`` moves through the kind's process table."""
+    """One engine process's part in a job. ``state`` moves through the kind's process table.
+
+    Its JSON (in the job's: ``GET`` of the job, its saved file) is ``json_fields``, in that order, each
+    kind naming its own; a saved job's processes come back by ``from_json``, each field read by
+    ``json_readers`` (as saved where it names none)."""
+
+    json_fields: ClassVar[tuple[str, ...]]
+    json_readers: ClassVar[dict[str, Callable[[Any], Any]]] = {"state": str, "steps_recorded": _count}
 
     conn: "ProbeConnection | None"
     identity: ProcessIdentity
@@ -110,6 +146,10 @@ class ProcessRun:
         return self.identity.rank
 
     @property
+    def instance(self) -> str:
+        return self.identity.instance
+
+    @property
     def stem(self) -> str:
         return self.identity.file_stem
 
@@ -124,6 +164,17 @@ class ProcessRun:
     @property
     def ended(self) -> bool:
         return self.state in st.P_TERMINAL
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.json_fields}
+
+    @classmethod
+    def from_json(cls, p: dict[str, Any], **given: Any) -> Self:
+        """A process of a saved job, as ``to_json`` wrote it (no connection: it has ended), but the
+        fields ``given``, which its kind decides itself."""
+        fields = {name: cls.json_readers.get(name, _as_saved)(p.get(name))
+                  for name in cls.json_fields if name not in IDENTITY_FIELDS and name not in given}
+        return cls(conn=None, identity=identity_from_json(p), **fields, **given)
 
 
 @dataclass(eq=False, kw_only=True)

@@ -26,20 +26,18 @@ from .manager import STOP_GRACE_S, JobManager
 from .model import MODULES, Job, JobKind, NoProbes, ProcessRun
 from .params import JobRequest, ParamError
 from ..channel.registry import ProbeRegistry
-from .saved import SavedAsOneFile, id_time, identity_from_json
+from .saved import SavedAsOneFile, id_time
 
 
 @dataclass(eq=False, kw_only=True)
 class ModuleProcess(ProcessRun):
+    json_fields = ("role", "pid", "rank", "label", "state", "steps_recorded", "first_step", "error",
+                   "clock", "hooks_before", "hooks_after")
+
     clock: str | None = None  # "cuda" (device events) or "cpu" (the host clock), with "done"
     rows: list[dict[str, Any]] | None = None  # with "done": one per module that ran
     hooks_before: int | None = None
     hooks_after: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"role": self.role, "pid": self.pid, "rank": self.rank, "label": self.label, "state": self.state,
-                "steps_recorded": self.steps_recorded, "first_step": self.first_step, "error": self.error,
-                "clock": self.clock, "hooks_before": self.hooks_before, "hooks_after": self.hooks_after}
 
 
 def _ms(ns: int | float) -> float:
@@ -114,11 +112,7 @@ class ModuleJob(Job):
         job = cls(
             id=data["id"], state=data["state"], reason=data.get("reason"),
             request=JobRequest(steps=int(data.get("steps") or 1), delay=int(data.get("delay") or 0)),
-            processes=[ModuleProcess(conn=None, identity=identity_from_json(p), state=str(p.get("state")),
-                                     steps_recorded=int(p.get("steps_recorded") or 0), error=p.get("error"),
-                                     first_step=p.get("first_step"), clock=p.get("clock"),
-                                     hooks_before=p.get("hooks_before"), hooks_after=p.get("hooks_after"))
-                       for p in data.get("processes") or []],
+            processes=[ModuleProcess.from_json(p) for p in data.get("processes") or []],
             tables={k: data.get(k) for k in ("forward_ms", "forward_ms_per_step", "modules", "types")},
             created_at=float(data.get("created_at") or id_time(MODULES, data["id"]) or 0.0),
             finished_at=data.get("finished_at"), start_step=data.get("start_step"),

@@ -1,6 +1,7 @@
 """What a job saved on disk gives back after a sidecar restart: the pieces every kind rebuilds
-(its processes' identities, when it was created, its JSON read safely). The disk is the truth: a
-restarted sidecar lists, serves and retains the jobs an earlier run left (capture_index.py, scans.py).
+(when it was created, its JSON read safely; its processes come back by model.py's
+``ProcessRun.from_json``). The disk is the truth: a restarted sidecar lists, serves and retains the
+jobs an earlier run left (capture_index.py, scans.py).
 """
 
 from __future__ import annotations
@@ -12,15 +13,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from ...engine import STANDARD_ROLES
-from ...common.protocol import ProcessIdentity
 from ..export import disk_space, safe_files
 from .states import FINAL
 from .model import Job, JobKind
 
 log = logging.getLogger(__name__)
-
-_STEP_DRIVEN = {r.name: r.step_driven for r in STANDARD_ROLES}
 
 
 def read_saved(path: Path) -> dict[str, Any] | None:
@@ -41,20 +38,6 @@ def id_time(kind: JobKind, job_id: str) -> float | None:
         return float(calendar.timegm(time.strptime(stamp, "%Y%m%d-%H%M%S")))
     except ValueError:
         return None
-
-
-def identity_from_json(p: dict[str, Any]) -> ProcessIdentity:
-    """A process's identity from its saved JSON (role, pid, rank, label). The saved label is
-    ``<role label>[ rank k] (pid n)``, so the role label is what precedes that suffix. Whether the
-    role is step-driven is not saved: a standard role's own, else step-driven (only the order of a
-    listing depends on it once a job has ended)."""
-    role, pid, rank = str(p.get("role") or "unknown"), int(p.get("pid") or 1), p.get("rank")
-    label = str(p.get("label") or role)
-    suffix = (f" rank {rank}" if rank is not None else "") + f" (pid {pid})"
-    role_label = label[: -len(suffix)] if label.endswith(suffix) and len(label) > len(suffix) else role
-    return ProcessIdentity(role=role, role_label=role_label, step_driven=_STEP_DRIVEN.get(role, True),
-                           pid=max(1, pid), rank=rank if isinstance(rank, int) else None,
-                           instance=str(p.get("instance") or ""))
 
 
 class SavedAsOneFile:

@@ -22,17 +22,14 @@ from .states import FINAL
 from .model import SCAN, Job, JobKind, ProcessRun
 from .params import ParamError, ScanRequest
 from ..channel.registry import ProbeRegistry
-from .saved import SavedAsOneFile, id_time, identity_from_json, read_saved
-
+from .saved import SavedAsOneFile, id_time, read_saved
 
 
 @dataclass(eq=False, kw_only=True)
 class ScanProcess(ProcessRun):
-    sites: list[dict[str, Any]] | None = None  # with "done": the process's sites (sidecar.syncs.report)
+    json_fields = ("role", "pid", "rank", "label", "state", "steps_recorded", "error")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"role": self.role, "pid": self.pid, "rank": self.rank, "label": self.label, "state": self.state,
-                "steps_recorded": self.steps_recorded, "error": self.error}
+    sites: list[dict[str, Any]] | None = None  # with "done": the process's sites (sidecar.syncs.report)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -65,9 +62,7 @@ class Scan(Job):
             id=data["id"], state=data["state"], reason=data.get("reason"),
             request=ScanRequest(steps=int(data.get("steps") or 0), delay=int(data.get("delay") or 0),
                                 baseline=data.get("baseline")),
-            processes=[ScanProcess(conn=None, identity=identity_from_json(p), state=str(p.get("state")),
-                                   steps_recorded=int(p.get("steps_recorded") or 0), error=p.get("error"))
-                       for p in data.get("processes") or []],
+            processes=[ScanProcess.from_json(p) for p in data.get("processes") or []],
             sites=list(data.get("sites") or []), new_sites=data.get("new_sites"),
             treat_cpu_as_device=data.get("treat_cpu_as_device"),
             created_at=float(data.get("created_at") or id_time(SCAN, data["id"]) or 0.0),

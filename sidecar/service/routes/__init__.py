@@ -5,8 +5,8 @@ package besides the shell (sidecar.service) that imports aiohttp.
     settings       ``ServiceSettings``: the ``sidecar serve`` flags
     responses      JSON errors, and the parameters of a start request
     request_body   a start request's body, read strictly
-    jobs           what the start and stop routes of every job kind share
-    captures       ``/profile/*`` and ``/profiles``; a capture's JSON with its download URLs
+    jobs           ``JobRoutes``: the start, stop, status and list routes of every job kind
+    captures       ``/profile/*`` and ``/profiles``; a capture's downloads
     diff           ``GET /profile/{a}/diff/{b}``
     scans          ``/sync/*``, ``/syncs`` and ``/syncs/watch``
     modules        ``/modules/*`` and ``/modules``

@@ -1,4 +1,4 @@
-"""``/profile/*`` and ``/profiles`` (docs/api.md), and the capture's JSON with its download URLs.
+"""``/profile/*`` and ``/profiles`` (docs/api.md): a capture's JSON (``Capture.to_json``) and its downloads.
 
 A capture's files are served only by names it recorded, each opened by sidecar/service/export/safe_files.py (a name the
 sidecar writes, in the capture's own folder, no link followed) and streamed from that descriptor:
@@ -10,15 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from aiohttp import web
 
 from ..export import safe_files
-from ..jobs.captures import Capture, CaptureProcess, capture_url
+from ..jobs.captures import Capture
 from ..jobs.states import FINAL
-from .jobs import ID, start_job, stop_job
-from ..jobs.model import CAPTURE
+from .jobs import ID, JobRoutes
 from .keys import CAPTURES
 from ..jobs.params import parse_capture_request
 
@@ -27,69 +26,15 @@ log = logging.getLogger(__name__)
 _READ_CHUNK = 1 << 18  # streamed: a merged trace can be gigabytes
 
 
-def capture_json(capture: Capture) -> dict[str, Any]:
-    """``GET /profile/{id}``, also saved as the capture's capture.json: the same object."""
-    url, r = capture_url(capture.id), capture.request
-    return {
-        "id": capture.id,
-        "state": capture.state,
-        "reason": capture.reason,
-        "notes": capture.notes,
-        "steps": r.steps,
-        "start_step": capture.start_step,
-        "start_steps": capture.start_steps,
-        "delay": r.delay,
-        "created_at": capture.created_at,
-        "finished_at": capture.finished_at,
-        "headline": capture.headline,
-        "trace": f"{url}/trace" if capture.trace_file else None,
-        "trace_bytes": capture.trace_bytes,
-        "summary": f"{url}/summary" if capture.summary_file else None,
-        "processes": [_process_json(p) for p in capture.processes],
-        "trigger": capture.trigger,
-        "request": capture.bound_request,
-        "files": {name: f"{url}/files/{name}" for name in capture.files()},
-        "options": {
-            "activities": list(r.activities) or "host default",
-            "record_shapes": r.record_shapes, "with_stack": r.with_stack,
-            "stacks": r.stacks, "stack_hz": r.stack_hz if r.with_stack else None,
-            "profile_memory": r.profile_memory, "with_flops": r.with_flops, "with_modules": r.with_modules,
-            "timeout_s": r.timeout_s,
-            "processes": [f"{s.role}:{s.rank}" if s.rank is not None else s.role for s in r.processes] or "all",
-            "instance": r.instance,
-        },
-    }
-
-
-def _process_json(p: CaptureProcess) -> dict[str, Any]:
-    return {
-        "role": p.role, "pid": p.pid, "rank": p.rank, "label": p.label, "instance": p.identity.instance,
-        "state": p.state, "steps_recorded": p.steps_recorded, "first_step": p.first_step,
-        "file": p.file, "bytes": p.bytes, "error": p.error,
-        "stacks": p.stacks, "stack_summary": p.stack_summary,
-        "step_thread_ms": p.step_thread_ms, "export_ms": p.export_ms,
-        "clock": p.clock,
-    }
-
-
-async def profile_start(request: web.Request) -> web.Response:
-    return await start_job(request, request.app[CAPTURES], parse_capture_request, capture_url)
-
-
-async def profile_stop(request: web.Request) -> web.Response:
-    return await stop_job(request.app[CAPTURES], capture_url, ("no_active_capture", "no capture is running"))
+# /profile/start, /profile/stop, /profile/{id}, /profiles. A capture's URL, /profile/{id}, is also jobs/capture.py's
+# capture_url, which its JSON's links and its verdict use.
+CAPTURE_ROUTES = JobRoutes(path="/profile", listing="/profiles", listed_as="captures", what="capture",
+                           manager=CAPTURES, parse=parse_capture_request,
+                           none_running=("no_active_capture", "no capture is running"))
 
 
 def _capture_or_404(request: web.Request) -> Capture:
-    capture_id = request.match_info["id"]
-    capture = request.app[CAPTURES].get(capture_id) if CAPTURE.is_id(capture_id) else None
-    if capture is None:
-        raise web.HTTPNotFound(text=f"no capture {capture_id!r} (see /profiles)")
-    return capture
-
-
-async def profile_status(request: web.Request) -> web.Response:
-    return web.json_response(capture_json(_capture_or_404(request)))
+    return CAPTURE_ROUTES.job_or_404(request)
 
 
 def _open(capture: Capture, name: str | None, what: str) -> BinaryIO:
@@ -156,17 +101,10 @@ async def profile_summary(request: web.Request) -> web.StreamResponse:
     return await _stream(request, _open(capture, capture.summary_file, "summary"), "application/json")
 
 
-async def profiles(request: web.Request) -> web.Response:
-    return web.json_response({"captures": [capture_json(c) for c in request.app[CAPTURES].recent()]})
-
-
 def add_capture_routes(app: web.Application) -> None:
     app.add_routes([
-        web.route("*", "/profile/start", profile_start),
-        web.post("/profile/stop", profile_stop),
-        web.get(f"/profile/{ID}", profile_status),
+        *CAPTURE_ROUTES.routes(),
         web.get(f"/profile/{ID}/trace", profile_trace),
         web.get(f"/profile/{ID}/files/{{name}}", profile_file),
         web.get(f"/profile/{ID}/summary", profile_summary),
-        web.get("/profiles", profiles),
     ])

@@ -15,8 +15,7 @@ from aiohttp import web
 from ..export import safe_files
 from ..jobs.captures import Capture
 from ..jobs.states import FINAL
-from ..jobs.model import CAPTURE
-from .keys import CAPTURES
+from .captures import CAPTURE_ROUTES
 from ..jobs.params import _choice, _reject_unknown
 
 DIFF_FORMATS = ("json", "text")
@@ -25,10 +24,7 @@ DIFF_FORMATS = ("json", "text")
 def _summary_of(request: web.Request, key: str) -> dict[str, Any]:
     """The saved summary of the capture named by path parameter ``key``: 404 for no such capture, 409
     for one without a summary (still running, or it ended without a trace), 410 for one removed."""
-    capture_id = request.match_info[key]
-    capture: Capture | None = request.app[CAPTURES].get(capture_id) if CAPTURE.is_id(capture_id) else None
-    if capture is None:
-        raise web.HTTPNotFound(text=f"no capture {capture_id!r} (see /profiles)")
+    capture: Capture = CAPTURE_ROUTES.job_or_404(request, key)
     if capture.state not in FINAL:
         raise web.HTTPConflict(text=f"capture {capture.id} is {capture.state}; its summary is not ready")
     if not capture.summary_file:

@@ -1,14 +1,19 @@
-"""What the start and stop routes of every job kind share (``/profile/start``, ``/sync/start``, ...)."""
+"""The routes every job kind has, one helper for all (``/profile/*``, ``/sync/*``, ``/modules/*``).
+
+``JobRoutes`` is one kind's start, stop, status and list routes; what differs between the kinds is
+its fields, written where the kind's routes are (captures.py, scans.py, modules.py), with the kind's
+other routes (a capture's downloads, the sync watch) beside them.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from aiohttp import web
 
 from ...common import config
 from ..export.disk_space import DiskFull
-from ..jobs.manager import JobManager
 from ..jobs.model import CAPTURE, MODULES, SCAN, Job, JobBusy, NoProbes
 from .keys import REGISTRY, SETTINGS
 from .responses import json_error, start_params
@@ -34,36 +39,76 @@ def job_busy(active: Job) -> web.Response:
     return json_error(409, error, message.format(id=active.id, state=active.state), active=active.id)
 
 
-async def start_job(request: web.Request, manager: JobManager, parse: Parse,
-                    url: Callable[[str], str]) -> web.Response:
-    params = await start_params(request)
-    job_request = parse(params, request.app[SETTINGS].max_steps, request.app[REGISTRY].roles())
-    try:
-        job = await manager.start(job_request)
-    except JobBusy as exc:
-        return job_busy(exc.active)
-    except NoProbes as exc:
-        return json_error(503, "no_engine_processes",
-                          f"{exc}: is the plugin installed and {config.ENV_ENDPOINT} right?")
-    except DiskFull as exc:
-        return json_error(507, "insufficient_storage", str(exc))
-    return web.json_response(
-        {"id": job.id, "state": job.state, "url": url(job.id), "processes": [p.label for p in job.processes]},
-        status=202,
-    )
+@dataclass(frozen=True)
+class JobRoutes:
+    """One job kind's routes (docs/api.md), each job answered as its ``to_json()``:
 
+        *    {path}/start   start one (202); start_params takes GET's query or POST's body, refuses the rest
+        POST {path}/stop    stop the running one early (409 ``none_running`` when none runs)
+        GET  {path}/{id}    one job (404 naming ``listing``)
+        GET  {listing}      the recent ones, newest first: ``{listed_as: [...]}``
+    """
 
-async def stop_job(manager: JobManager, url: Callable[[str], str], none_running: tuple[str, str]) -> web.Response:
-    job = await manager.stop("stopped by request")
-    if job is None:
-        return json_error(409, *none_running)
-    return web.json_response({"id": job.id, "state": job.state, "url": url(job.id)})
+    path: str  # "/profile": a job's URL is {path}/{id}
+    listing: str  # "/profiles"
+    listed_as: str  # "captures": the listing's one field
+    what: str  # "capture": the kind in a 404's message
+    manager: web.AppKey[Any]  # the kind's JobManager
+    parse: Parse  # the start's parameters, validated (a ParamError: 400)
+    none_running: tuple[str, str]  # the stop's 409 when none runs: error code, message
 
+    def url(self, job_id: str) -> str:
+        return f"{self.path}/{job_id}"
 
-def job_or_404(request: web.Request, manager: JobManager, what: str, listing: str) -> Job:
-    """The job ``{id}`` of the route names, or a 404 naming it and where the kind's jobs are listed."""
-    job_id = request.match_info["id"]
-    job = manager.get(job_id)
-    if job is None:
-        raise web.HTTPNotFound(text=f"no {what} {job_id!r} (see {listing})")
-    return job
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.route("*", f"{self.path}/start", self.start),
+            web.post(f"{self.path}/stop", self.stop),
+            web.get(f"{self.path}/{ID}", self.status),
+            web.get(self.listing, self.recent),
+        ]
+
+    def find(self, request: web.Request, key: str = "id") -> Any:
+        """The job the route's ``key`` names, or None (a name that is not one of the kind's ids included)."""
+        job_id = request.match_info[key]
+        manager = request.app[self.manager]
+        return manager.get(job_id) if manager.kind.is_id(job_id) else None
+
+    def not_found(self, job_id: str) -> str:
+        return f"no {self.what} {job_id!r} (see {self.listing})"
+
+    def job_or_404(self, request: web.Request, key: str = "id") -> Any:
+        """The job the route's ``key`` names, or a 404 naming it and where the kind's jobs are listed."""
+        job = self.find(request, key)
+        if job is None:
+            raise web.HTTPNotFound(text=self.not_found(request.match_info[key]))
+        return job
+
+    async def start(self, request: web.Request) -> web.Response:
+        params = await start_params(request)
+        job_request = self.parse(params, request.app[SETTINGS].max_steps, request.app[REGISTRY].roles())
+        try:
+            job = await request.app[self.manager].start(job_request)
+        except JobBusy as exc:
+            return job_busy(exc.active)
+        except NoProbes as exc:
+            return json_error(503, "no_engine_processes",
+                              f"{exc}: is the plugin installed and {config.ENV_ENDPOINT} right?")
+        except DiskFull as exc:
+            return json_error(507, "insufficient_storage", str(exc))
+        return web.json_response(
+            {"id": job.id, "state": job.state, "url": self.url(job.id), "processes": [p.label for p in job.processes]},
+            status=202,
+        )
+
+    async def stop(self, request: web.Request) -> web.Response:
+        job = await request.app[self.manager].stop("stopped by request")
+        if job is None:
+            return json_error(409, *self.none_running)
+        return web.json_response({"id": job.id, "state": job.state, "url": self.url(job.id)})
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.job_or_404(request).to_json())
+
+    async def recent(self, request: web.Request) -> web.Response:
+        return web.json_response({self.listed_as: [j.to_json() for j in request.app[self.manager].recent()]})

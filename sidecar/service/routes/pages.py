@@ -23,11 +23,10 @@ from ...report.document import message_page, policy, token_prompt
 from ..pages.home import render_home
 from ...report.markup import size
 from ..export import safe_files
-from .captures import capture_json
 from ..jobs.captures import Capture, capture_url
+from .captures import CAPTURE_ROUTES
 from .jobs import ID
 from ..jobs.states import FINAL
-from ..jobs.model import CAPTURE
 from .keys import CAPTURES, MODULES, REGISTRY, SCANS, SETTINGS, TRIGGERS
 from ..jobs.params import known_roles
 from .responses import error_code, json_error
@@ -81,7 +80,7 @@ def home_state(app: web.Application) -> dict[str, Any]:
         "max_steps": app[SETTINGS].max_steps,
         "roles": list(known_roles(registry.roles())),
         "processes": [c.to_json() for c in registry.all()],
-        "captures": [capture_json(c) for c in captures.recent()],
+        "captures": [c.to_json() for c in captures.recent()],
         "scans": [s.to_json() for s in scans.recent()],
         "modules": [m.to_json() for m in modules.recent()],
         "triggers": [t.to_json() for t in app[TRIGGERS].all()],
@@ -113,7 +112,7 @@ def _render_report(capture: Capture) -> str:
     """The report's HTML; FileNotFoundError, safe_files.NotInFolder or OSError where its summary cannot be read."""
     with safe_files.open_capture_file(capture.dir, capture.summary_file) as file:  # no link followed
         summary = json.loads(file.read())
-    status = capture_json(capture)
+    status = capture.to_json()
     notes = [f"{capture.state}: {capture.reason}"] if capture.reason else []
     summary = {**summary, "warnings": notes + list(capture.notes) + list(summary.get("warnings", []))}
     subtitle = f"{status['state']} · {status['steps']} steps · " + ", ".join(p.label for p in capture.processes)
@@ -122,10 +121,9 @@ def _render_report(capture: Capture) -> str:
 
 
 async def report(request: web.Request) -> web.Response:
-    capture_id = request.match_info["id"]
-    capture = request.app[CAPTURES].get(capture_id) if CAPTURE.is_id(capture_id) else None
+    capture: Capture | None = CAPTURE_ROUTES.find(request)
     if capture is None:
-        return _error(request, 404, f"no capture {capture_id!r} (see /profiles)")
+        return _error(request, 404, CAPTURE_ROUTES.not_found(request.match_info["id"]))
     if capture.state not in FINAL:
         return _error(request, 409, f"capture {capture.id} is {capture.state}; its report is ready when it ends")
     if not capture.summary_file:
