@@ -20,8 +20,9 @@ def analyse_by_process(merged: Path, top_n: int = 10) -> dict:
     """``analyze_path(merged)``'s summary, built one process at a time in one streaming pass.
 
     ``analyze_path`` keeps the compact columns of every event it uses until the end of a file, and a
-    merged trace is one file with every rank in it: its peak grew with the number of ranks (135 MiB
-    for 64 ranks of a 10 MB trace, against 50 MiB here; docs/benchmarks.md, "Many ranks"). A merged
+    merged trace is one file with every rank in it: its peak grew with the number of ranks. Here
+    it does not (the sidecar's peak at 8 and 64 ranks of a 10 MB trace: 83 and 89 MiB; the analysis
+    step at 64, 55 MiB; docs/benchmarks.md, "Many ranks"). A merged
     trace holds each process's events in one run (merged_trace.py), its host pid listed in the
     header and its device tracks' pids naming it (``DEVICE_PID_BASE + index * 256 + n``), so each
     process is collected, analysed and let go before the next; only its results stay. Its GPU
