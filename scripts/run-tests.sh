@@ -19,20 +19,24 @@ if [ "${1:-}" = "--junit-dir" ]; then
   junit_dir="${2:?--junit-dir needs a folder}"; shift 2
   mkdir -p "$junit_dir"
 fi
-junit() { [ -z "$junit_dir" ] || echo "--junitxml=$junit_dir/$1.xml"; }
+# The JUnit option as an array, so a folder with a space in its name stays one argument.
+junit() { junit_args=(); [ -z "$junit_dir" ] || junit_args=("--junitxml=$junit_dir/$1.xml"); }
 
 if [ $# -gt 0 ]; then
-  exec $PY -m pytest -q -ra --durations=25 $(junit main) "$@"
+  junit main
+  exec $PY -m pytest -q -ra --durations=25 "${junit_args[@]}" "$@"
 fi
 
 side_log="$(mktemp "${TMPDIR:-/tmp}/sidecar-tests-side.XXXXXX")"
 # Its own cache off: two processes writing .pytest_cache at once would lose one's last-failed list.
-$PY -m pytest -q -ra --durations=25 -p no:cacheprovider --part=side $(junit side) >"$side_log" 2>&1 &
+junit side
+$PY -m pytest -q -ra --durations=25 -p no:cacheprovider --part=side "${junit_args[@]}" >"$side_log" 2>&1 &
 side_pid=$!
 trap 'kill "$side_pid" 2>/dev/null; rm -f "$side_log"' EXIT
 trap 'exit 130' INT TERM
 
-$PY -m pytest -q -ra --durations=25 --part=main $(junit main)
+junit main
+$PY -m pytest -q -ra --durations=25 --part=main "${junit_args[@]}"
 main_rc=$?
 wait "$side_pid"
 side_rc=$?

@@ -77,10 +77,11 @@ def _keep_part(config, items) -> None:
     part = config.getoption("--part")
     if part == "all":
         return
-    keep = [item for item in items if in_side_part(item) == (part == "side")]
-    if len(keep) < len(items):
-        kept = set(map(id, keep))
-        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+    keep, drop = [], []
+    for item in items:
+        (keep if in_side_part(item) == (part == "side") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
 
