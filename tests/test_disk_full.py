@@ -19,7 +19,7 @@ from sidecar.service.export import disk_space, merge
 from sidecar.service.export.merge import finalize_capture
 
 from test_merge import Rec, kineto, write_raw
-from test_recorder import Reports, step
+from test_step_capture import Reports, step
 
 Usage = namedtuple("Usage", "total used free")
 ID = "20260101-000000-abcdef"

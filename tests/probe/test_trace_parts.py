@@ -12,7 +12,7 @@ from sidecar.probe.capture.profiler_options import records_in_parts
 from sidecar.probe.capture.profiler import StepCapture
 from sidecar.probe.capture.trace_parts import events_span, join_parts, part_path
 from sidecar.common.protocol import CaptureSpec
-from test_recorder import Reports, exporter  # noqa: F401  (the fixture)
+from test_step_capture import Reports, exporter  # noqa: F401  (the fixture)
 
 
 def work():

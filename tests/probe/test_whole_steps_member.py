@@ -14,7 +14,7 @@ import pytest
 from sidecar.analysis import analyze_path
 from sidecar.probe.capture.profiler import StepCapture, WindowCapture
 from sidecar.common.protocol import CaptureSpec
-from test_recorder import Reports, exporter, profiler_steps, work  # noqa: F401  (the fixture)
+from test_step_capture import Reports, exporter, profiler_steps, work  # noqa: F401  (the fixture)
 
 TABLE = {"engine: forward": "forward"}
 SPECS = {"one session": {}, "in parts": {"record_shapes": True}}  # record_shapes: records_in_parts
