@@ -3,11 +3,17 @@
 The three ``gen_ai.server.*`` histograms follow the OpenTelemetry GenAI semantic conventions, with the
 explicit bucket boundaries the conventions prescribe. Names this package adds live under
 ``sidecar.*``. Nothing here holds global state: every instrument is created on the Meter passed in.
+
+Exemplars: the four request latency histograms are recorded with one more attribute,
+``EXEMPLAR_REQUEST_ID`` (the request's id), which ``request_views`` keep off the series: the SDK puts
+an attribute a View drops into the exemplar's ``filtered_attributes``, so each exemplar names its
+request and no series gains a label (nor the histogram a series per request).
 """
 
 from __future__ import annotations
 
 from opentelemetry.metrics import Meter
+from opentelemetry.sdk.metrics.view import View
 
 # -- names ------------------------------------------------------------------------------------------
 GEN_AI_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
@@ -42,11 +48,31 @@ STEP_DURATION_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 STEP_TOKENS_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 
+# -- exemplars --------------------------------------------------------------------------------------
+# The request histograms: recorded inside their request's span, so their exemplars carry its trace and span ids.
+REQUEST_HISTOGRAMS = (GEN_AI_SERVER_REQUEST_DURATION, GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
+                      GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN, REQUEST_QUEUE_TIME)
+# The attributes their series have (requests.py records no other, error.type on the duration only).
+REQUEST_SERIES_ATTRIBUTES = frozenset({"gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
+                                       "error.type"})
+# The measurement attribute that names the request: in exemplars only (an exemplar label request_id at /metrics).
+EXEMPLAR_REQUEST_ID = "request_id"
+
+
+def request_views(meter_name: str) -> list[View]:
+    """Views that keep ``EXEMPLAR_REQUEST_ID`` (any attribute but the series') off the request histograms'
+    series of ``meter_name``'s instruments: the SDK moves it into their exemplars."""
+    return [View(instrument_name=name, meter_name=meter_name, attribute_keys=set(REQUEST_SERIES_ATTRIBUTES))
+            for name in REQUEST_HISTOGRAMS]
+
 
 class RequestInstruments:
-    """Per-request metrics, recorded once when a request finishes."""
+    """Per-request metrics, recorded once when a request finishes. ``exemplars``: the histograms are
+    recorded in the request span's context and with ``EXEMPLAR_REQUEST_ID``; only on a meter whose
+    provider has ``request_views`` (else every request would be a series of its own)."""
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: Meter, *, exemplars: bool = False) -> None:
+        self.exemplars = exemplars
         self.duration = meter.create_histogram(
             GEN_AI_SERVER_REQUEST_DURATION, unit="s",
             description="Generative AI server request duration such as time-to-last byte or last output token.",

@@ -3,6 +3,10 @@
 The URL is the sidecar's endpoint plus ``sidecar.common.protocol.METRICS_PUSH_PATH``
 (``TelemetrySettings.sidecar_metrics_url``), where ``sidecar.service.routes.metrics`` listens.
 
+The body is ``encode_metrics``'s, the OTLP exporters' own encoding: histogram points carry their
+exemplars (trace and span ids, the request id in ``filtered_attributes``; requests.py), which the
+sidecar shows on its OpenMetrics ``/metrics``.
+
 A MetricExporter with a short timeout and no retries: the next push carries the same cumulative
 values, so a lost one costs nothing. It runs on the metric reader's thread, never on the engine's
 step path. The token is read on every push, so a sidecar started after the engine is picked up.

@@ -12,6 +12,10 @@ span's identity (its parent from W3C headers, ids chosen on arrival) is inflight
 
 and records the request metrics. Span and attribute names are a stable interface (docs/telemetry.md).
 
+The four latency histograms are recorded in the request span's context: with the SDK's trace-based
+exemplar filter (setup.py; ``OTEL_METRICS_EXEMPLAR_FILTER``), a sampled request span leaves an exemplar
+with its trace and span ids, and with ``EXEMPLAR_REQUEST_ID`` its request id (instruments.py).
+
 A request that asked to be captured (a request-scoped capture, docs/api.md) carries on its span the
 capture's id and URL (``sidecar.capture.id``, ``sidecar.capture.url``), or why it was served
 uncaptured (``sidecar.capture.skipped``): from the span, its trace.
@@ -29,7 +33,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
 from ..engine import GENERIC
 from .clock import ClockOffset, to_ns
 from .inflight import PresetIdGenerator, parent_context
-from .instruments import RequestInstruments
+from .instruments import EXEMPLAR_REQUEST_ID, RequestInstruments
 
 OPERATION_CHAT = "chat"
 OPERATION_TEXT_COMPLETION = "text_completion"
@@ -203,27 +207,33 @@ def record_request(
         span.set_status(Status(StatusCode.ERROR, f"request ended: {req.finish_reason}"))
     span.end(end_ns)
     if instruments is not None:
-        record_request_metrics(req, instruments, provider)
+        context = trace.set_span_in_context(span, Context()) if instruments.exemplars else None
+        record_request_metrics(req, instruments, provider, context)
     return span.get_span_context()
 
 
-def record_request_metrics(req: FinishedRequest, instruments: RequestInstruments, provider: str) -> None:
+def record_request_metrics(req: FinishedRequest, instruments: RequestInstruments, provider: str,
+                           context: Context | None = None) -> None:
+    """The request's metrics; its histograms in ``context`` (the request span's: their exemplars')."""
     base = {"gen_ai.operation.name": req.operation, **_provider(provider), "gen_ai.request.model": req.model}
     error = req.error_type
     with_error = {**base, "error.type": error} if error else base
-    instruments.duration.record(max(req.finished_time - req.arrival_time, 0.0), with_error)
     instruments.requests.add(1, with_error)
     if req.input_tokens:
         instruments.tokens.add(req.input_tokens, {**base, "gen_ai.token.type": "input"})
     if req.output_tokens:
         instruments.tokens.add(req.output_tokens, {**base, "gen_ai.token.type": "output"})
+    if instruments.exemplars:  # the request id: kept off the series by the request Views (instruments.py)
+        base = {**base, EXEMPLAR_REQUEST_ID: req.request_id}
+        with_error = {**with_error, EXEMPLAR_REQUEST_ID: req.request_id}
+    instruments.duration.record(max(req.finished_time - req.arrival_time, 0.0), with_error, context=context)
     queue_time = req.queue_time
     if queue_time is not None and queue_time >= 0:
-        instruments.queue_time.record(queue_time, base)
+        instruments.queue_time.record(queue_time, base, context=context)
     if error:
         return  # the two per-token latencies are defined for successful responses only
     if req.time_to_first_token > 0:
-        instruments.time_to_first_token.record(req.time_to_first_token, base)
+        instruments.time_to_first_token.record(req.time_to_first_token, base, context=context)
     tpot = req.time_per_output_token
     if tpot is not None and tpot >= 0:
-        instruments.time_per_output_token.record(tpot, base)
+        instruments.time_per_output_token.record(tpot, base, context=context)

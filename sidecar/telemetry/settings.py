@@ -33,6 +33,7 @@ OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"  # for the user's OT
 OTEL_BSP_MAX_QUEUE_SIZE = "OTEL_BSP_MAX_QUEUE_SIZE"
 OTEL_BSP_MAX_EXPORT_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 OTEL_BSP_SCHEDULE_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
+OTEL_METRICS_EXEMPLAR_FILTER = "OTEL_METRICS_EXEMPLAR_FILTER"
 
 PROTOCOL_HTTP = "http/protobuf"
 PROTOCOL_GRPC = "grpc"
@@ -41,6 +42,13 @@ DEFAULT_METRIC_EXPORT_INTERVAL_MS = 60000
 DEFAULT_BSP_MAX_QUEUE_SIZE = 2048
 DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE = 512
 DEFAULT_BSP_SCHEDULE_DELAY_MS = 5000
+# Which measurements may become exemplars (the specification's values): those recorded inside a sampled
+# span (the request histograms, in their request's span), every one, or none.
+EXEMPLARS_TRACE_BASED = "trace_based"
+EXEMPLARS_ALWAYS_ON = "always_on"
+EXEMPLARS_ALWAYS_OFF = "always_off"
+EXEMPLAR_FILTERS = (EXEMPLARS_TRACE_BASED, EXEMPLARS_ALWAYS_ON, EXEMPLARS_ALWAYS_OFF)
+DEFAULT_EXEMPLAR_FILTER = EXEMPLARS_TRACE_BASED
 
 # -- this package's own variables -----------------------------------------------------------------
 # Set to 0/off to load the plugin's telemetry as a no-op (captures still work).
@@ -81,6 +89,15 @@ def _protocol(env: Mapping[str, str], signal_var: str) -> str:
     return DEFAULT_PROTOCOL
 
 
+def _exemplar_filter(env: Mapping[str, str]) -> str:
+    raw = env.get(OTEL_METRICS_EXEMPLAR_FILTER, "").strip().lower()
+    if not raw or raw in EXEMPLAR_FILTERS:
+        return raw or DEFAULT_EXEMPLAR_FILTER
+    log.warning("%s=%r is not one of %s; using %s", OTEL_METRICS_EXEMPLAR_FILTER, raw, ", ".join(EXEMPLAR_FILTERS),
+                DEFAULT_EXEMPLAR_FILTER)
+    return DEFAULT_EXEMPLAR_FILTER
+
+
 def _exporter_on(env: Mapping[str, str], exporter_var: str, endpoint_var: str) -> bool:
     """OTLP export of one signal is on when the user asked for it by the standard variables.
 
@@ -113,8 +130,11 @@ class TelemetrySettings:
     span_schedule_delay_ms: int = DEFAULT_BSP_SCHEDULE_DELAY_MS
     step_spans_ratio: float = DEFAULT_STEP_SPANS_RATIO
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
+    exemplar_filter: str = DEFAULT_EXEMPLAR_FILTER
 
     def __post_init__(self) -> None:
+        if self.exemplar_filter not in EXEMPLAR_FILTERS:
+            raise ValueError(f"exemplar_filter must be one of {EXEMPLAR_FILTERS}")
         if self.traces_protocol not in (PROTOCOL_HTTP, PROTOCOL_GRPC):
             raise ValueError(f"traces_protocol must be {PROTOCOL_HTTP!r} or {PROTOCOL_GRPC!r}")
         if self.metrics_protocol not in (PROTOCOL_HTTP, PROTOCOL_GRPC):
@@ -152,7 +172,14 @@ class TelemetrySettings:
                                                1, 3_600_000)),
             step_spans_ratio=_number(env, ENV_STEP_SPANS_RATIO, DEFAULT_STEP_SPANS_RATIO, 0.0, 1.0),
             sample_interval_s=_number(env, ENV_SAMPLE_INTERVAL, DEFAULT_SAMPLE_INTERVAL_S, 0.05, 3600.0),
+            exemplar_filter=_exemplar_filter(env),
         )
+
+    @property
+    def exemplars(self) -> bool:
+        """Whether measurements may become exemplars at all (``OTEL_METRICS_EXEMPLAR_FILTER`` is not
+        ``always_off``): then the request histograms name their request in their exemplars."""
+        return self.enabled and self.exemplar_filter != EXEMPLARS_ALWAYS_OFF
 
 
 def _endpoint_from(env: Mapping[str, str]) -> str:

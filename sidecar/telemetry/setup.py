@@ -21,7 +21,13 @@ from typing import Callable, Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.metrics import Meter, MeterProvider as ApiMeterProvider, NoOpMeterProvider
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    AlwaysOnExemplarFilter,
+    ExemplarFilter,
+    MeterProvider,
+    TraceBasedExemplarFilter,
+)
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -33,11 +39,17 @@ from ..engine import GENERIC, EngineProfile
 from .export import DROP_EXPORT_FAILED, DROP_QUEUE_FULL, DROP_SHUTDOWN, BoundedSpanProcessor
 from .gpu import GpuSampler
 from .inflight import PresetIdGenerator
-from .instruments import SPANS_DROPPED, RequestInstruments, StepInstruments
+from .instruments import SPANS_DROPPED, RequestInstruments, StepInstruments, request_views
 from .process import ProcessSampler
 from .push import SidecarMetricExporter
 from .sampling import PeriodicTasks
-from .settings import PROTOCOL_GRPC, TelemetrySettings
+from .settings import (
+    EXEMPLARS_ALWAYS_OFF,
+    EXEMPLARS_ALWAYS_ON,
+    EXEMPLARS_TRACE_BASED,
+    PROTOCOL_GRPC,
+    TelemetrySettings,
+)
 from .steps import StepRecorder
 
 log = logging.getLogger(__name__)
@@ -45,6 +57,9 @@ log = logging.getLogger(__name__)
 SCOPE = "inference-sidecar"
 STEP_DRAIN_INTERVAL_S = 1.0
 SHUTDOWN_TIMEOUT_S = 2.0  # all of a process's telemetry shutdown, dead backends included
+_FILTER_CLASSES: dict[str, type[ExemplarFilter]] = {
+    EXEMPLARS_TRACE_BASED: TraceBasedExemplarFilter, EXEMPLARS_ALWAYS_ON: AlwaysOnExemplarFilter,
+    EXEMPLARS_ALWAYS_OFF: AlwaysOffExemplarFilter}
 
 
 def make_resource(role: str, rank: int | None = None, service_name: str = GENERIC.service_name) -> Resource:
@@ -120,8 +135,12 @@ class Telemetry:
                     self.push_exporter, export_interval_millis=settings.metrics_push_interval_ms))
             if settings.otlp_metrics:
                 readers.append(_otlp_metric_reader(settings))
+        # The exemplar filter is set here, never left to the SDK's own reading of the environment (which
+        # raises on a value it does not know); with exemplars on, the request histograms' Views.
         self.meter_provider: ApiMeterProvider = (
-            MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+            MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False,
+                          exemplar_filter=_FILTER_CLASSES[settings.exemplar_filter](),
+                          views=request_views(SCOPE) if settings.exemplars else ())
             if settings.enabled else NoOpMeterProvider())
         self.meter: Meter = self.meter_provider.get_meter(SCOPE, __version__)
 
@@ -143,7 +162,7 @@ class Telemetry:
             self.tracer: trace.Tracer = self.tracer_provider.get_tracer(SCOPE, __version__)
         else:
             self.tracer = trace.NoOpTracer()
-        self.requests = RequestInstruments(self.meter)
+        self.requests = RequestInstruments(self.meter, exemplars=settings.exemplars)
         if settings.enabled:
             # Held until exit, as the SDK's handlers held the providers: the engine object that owns
             # this may be gone by then, and its last export must still happen, bounded.

@@ -1,7 +1,8 @@
 """Pieces of the end-to-end telemetry tests against real vLLM (test_vllm_live.py).
 
 - ``Phoenix``: starts Arize Phoenix (a real OTLP trace backend) on 127.0.0.1 and reads spans back.
-- ``Prometheus``: starts a real Prometheus scraping given targets on 127.0.0.1 and queries it.
+- ``Prometheus``: starts a real Prometheus scraping given targets on 127.0.0.1 and queries it (its
+  targets' health, and exemplars when started with ``exemplar-storage``).
 - ``send_request``: one completion, streaming or not, optionally with a W3C traceparent; the id the
   server answered with and the time to first token the client saw.
 - ``check_request_span_trees``: N requests → N span trees with the right names, links and attributes,
@@ -206,20 +207,60 @@ def check_request_histograms(prometheus_base: str, n: int, successful: int | Non
 
 
 class Prometheus:
-    """A real Prometheus on a loopback port scraping ``targets`` every ``interval_s``."""
+    """A real Prometheus on a loopback port scraping ``targets`` every ``interval_s``; ``bearer_token``:
+    the sidecar's HTTP token, when it has one; ``features``: ``--enable-feature`` values
+    (``exemplar-storage``)."""
 
-    def __init__(self, work_dir: Path, targets: list[str], interval_s: float = 1.0) -> None:
+    def __init__(self, work_dir: Path, targets: list[str], interval_s: float = 1.0, *,
+                 bearer_token: str | None = None, features: tuple[str, ...] = ()) -> None:
         binary = shutil.which("prometheus")
         assert binary, "prometheus not installed: run scripts/install-test-backends.sh"
         port = _free_port()
         config = work_dir / "prometheus.yml"
+        auth = f"    authorization:\n      credentials: {json.dumps(bearer_token)}\n" if bearer_token else ""
         config.write_text(f"global:\n  scrape_interval: {round(interval_s * 1000)}ms\nscrape_configs:\n  - job_name: sidecar\n"
-                          f"    static_configs:\n      - targets: {json.dumps(targets)}\n")
+                          f"{auth}    static_configs:\n      - targets: {json.dumps(targets)}\n")
         self._log = open(work_dir / "prometheus.log", "wb")
         self._proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={work_dir / 'tsdb'}",
-                                       f"--web.listen-address=127.0.0.1:{port}"], stdout=self._log,
+                                       f"--web.listen-address=127.0.0.1:{port}",
+                                       *(f"--enable-feature={f}" for f in features)], stdout=self._log,
                                       stderr=subprocess.STDOUT)
         self.base = f"http://127.0.0.1:{port}"
+
+    def _get(self, path: str, **params: str) -> Any:
+        assert self._proc.poll() is None, f"prometheus exited with {self._proc.returncode}; see prometheus.log"
+        url = f"{self.base}{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", (path, params, body)
+        return body["data"]
+
+    def targets(self) -> list[dict]:
+        """The active scrape targets: ``health`` (``up`` once scraped), ``lastError`` (a refused scrape's reason)."""
+        return self._get("/api/v1/targets")["activeTargets"]
+
+    def wait_scraped(self, timeout_s: float = 30.0) -> dict:
+        """Wait for a successful scrape of the (one) target; a failing one fails with Prometheus's reason."""
+        deadline = time.monotonic() + timeout_s
+        target: dict = {}
+        while time.monotonic() < deadline:
+            try:
+                targets = self.targets()  # none until Prometheus has read its configuration
+            except OSError:
+                targets = []
+            if targets:
+                [target] = targets
+                if target["health"] == "up":
+                    return target
+                assert target["health"] != "down", f"the scrape failed: {target.get('lastError')}"
+            time.sleep(0.3)
+        raise AssertionError(f"no successful scrape within {timeout_s} s: {target}")
+
+    def exemplars(self, query: str, start: float, end: float | None = None) -> list[dict]:
+        """``/api/v1/query_exemplars`` (needs ``features=("exemplar-storage",)``): per series, its
+        ``seriesLabels`` and ``exemplars`` (``labels``, ``value``, ``timestamp``)."""
+        return self._get("/api/v1/query_exemplars", query=query, start=f"{start:.3f}",
+                         end=f"{time.time() + 1 if end is None else end:.3f}")
 
     def query(self, expr: str) -> list:
         assert self._proc.poll() is None, f"prometheus exited with {self._proc.returncode}; see prometheus.log"

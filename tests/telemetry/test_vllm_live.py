@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from sidecar.cli.client import SidecarClient
+from sidecar.common import config
 from sidecar.devtools.traffic import run_load
 
 from .e2e import REQUEST_COUNTS, Prometheus, check_request_histograms, check_request_span_trees, send_request
@@ -309,3 +310,62 @@ def test_a_profiled_requests_span_in_phoenix_names_its_capture(traced_stack, pho
     assert request_span[0]["attributes"]["sidecar.capture.url"].endswith(f"/profile/{capture['id']}")
     assert len(capture_span) == 1
     assert capture_span[0]["attributes"]["sidecar.capture.request_id"] == capture["request"]["id"]
+
+
+TTFT_BUCKETS = "gen_ai_server_time_to_first_token_seconds_bucket"
+REQUEST_HISTOGRAM_BUCKETS = (TTFT_BUCKETS, "gen_ai_server_request_duration_seconds_bucket",
+                             "gen_ai_server_time_per_output_token_seconds_bucket", "sidecar_request_queue_time_seconds_bucket")
+
+
+def test_exemplars_in_prometheus_are_the_request_spans_in_phoenix(traced_stack, phoenix, tmp_path):
+    """Issue 30: a real Prometheus with exemplar storage scrapes the sidecar beside real vLLM (in
+    OpenMetrics: it asks for it, and the whole scrape must be accepted); every exemplar of the request
+    histograms names a request of this test, and its trace and span ids are those of that request's
+    span as Phoenix received it."""
+    sidecar = traced_stack.sidecar_url.removeprefix("http://")
+    prometheus = Prometheus(tmp_path, [sidecar], interval_s=0.5, bearer_token=traced_stack.env.get(config.ENV_TOKEN),
+                            features=("exemplar-storage",))
+    try:
+        prometheus.wait_scraped()
+        start = time.time()
+        sent = []
+        for tokens in (4, 6, 8):
+            sent.append(asyncio.run(_traffic(traced_stack, [(True, tokens, None)]))[0])
+            # Each bucket shows its latest exemplar: the next request waits until Prometheus holds this
+            # one, so that it cannot replace it in its bucket before a scrape.
+            deadline = time.monotonic() + 30
+            while not _has_exemplar(prometheus, TTFT_BUCKETS, start, sent[-1].request_id):
+                assert time.monotonic() < deadline, f"no exemplar of {sent[-1].request_id} in Prometheus"
+                time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while True:
+            spans = phoenix.spans()
+            ids = _engine_ids(sent, spans)
+            roots = {s.attributes["gen_ai.response.id"]: s for s in spans
+                     if s.parent_id is None and s.attributes.get("gen_ai.response.id") in ids.values()}
+            if len(roots) == len(sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert len(roots) == len(sent), f"{len(roots)} request spans in Phoenix for {len(sent)} requests"
+        for name in REQUEST_HISTOGRAM_BUCKETS:
+            found = [e for s in prometheus.exemplars(name, start) for e in s["exemplars"]]
+            assert found, f"no exemplars of {name}"
+            for exemplar in found:
+                labels = exemplar["labels"]
+                span = roots.get(labels.get("request_id"))
+                assert span is not None, f"{name}: an exemplar names no request of this test: {labels}"
+                assert (labels["trace_id"], labels["span_id"]) == (span.trace_id, span.span_id), (name, labels)
+            if name == TTFT_BUCKETS:  # every request has its own, each with its trace id
+                assert {e["labels"]["request_id"] for e in found} == set(roots), found
+        [target] = prometheus.targets()
+        assert target["health"] == "up" and target["lastError"] == "", target
+        assert prometheus.value('up{job="sidecar"}') == 1
+    finally:
+        prometheus.stop()
+
+
+def _has_exemplar(prometheus: Prometheus, query: str, start: float, client_id: str) -> bool:
+    """Whether Prometheus holds an exemplar of ``query`` since ``start`` naming the client's request
+    ``client_id`` (the engine runs prompt i of ``cmpl-X`` as ``cmpl-X-i``)."""
+    return any(e["labels"].get("request_id") in (client_id, f"{client_id}-0")
+               for s in prometheus.exemplars(query, start) for e in s["exemplars"])

@@ -9,10 +9,18 @@ non-string attribute values are JSON. ``series_of`` turns one OTLP metric into o
 prometheus_client renders whatever it is given, and Prometheus refuses a whole scrape over one bad
 line), and ``family`` renders rows of series into a ``prometheus_client`` metric family. The store
 that keeps the latest series per process is ``store.py``.
+
+A histogram point's exemplars become its buckets' exemplars, as the exporter makes them: labels
+``trace_id`` and ``span_id`` (hex) when the exemplar has them, then its filtered attributes as labels
+(the engine's ``request_id``); one per bucket, the latest. OpenMetrics allows an exemplar's label
+names and values 128 characters in all (``EXEMPLAR_MAX_CHARS``; Prometheus refuses the scrape over a
+longer one): the two ids always fit, and an attribute that would not is left out whole, never cut.
+Only the OpenMetrics exposition shows exemplars; the exemplars of sums and gauges are not kept.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import re
@@ -21,7 +29,7 @@ from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Exemplar, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 _UNIT_MAPPINGS = {
     "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds", "us": "microseconds",
@@ -46,6 +54,9 @@ INVALID_HISTOGRAM = "invalid_histogram"  # bucket counts that do not fit the bou
 CONFLICTING_TYPE = "conflicting_type"  # a name another family already has (store.py)
 UNSUPPORTED = "unsupported"  # delta temporality, exponential histograms, summaries
 DROP_REASONS = (INVALID_NAME, INVALID_LABEL_NAME, INVALID_HISTOGRAM, CONFLICTING_TYPE, UNSUPPORTED)
+
+EXEMPLAR_MAX_CHARS = 128  # OpenMetrics: an exemplar's label names and values together, in UTF-8 characters
+TRACE_ID_LABEL, SPAN_ID_LABEL = "trace_id", "span_id"
 
 
 def metric_name(name: str) -> str:
@@ -115,7 +126,8 @@ class Series:
     description: str
     unit: str
     scope_labels: dict[str, str]
-    points: list  # [(labels, value)] or [(labels, bounds, bucket counts, sum)]
+    # [(labels, value)] or [(labels, bounds, bucket counts, sum, {bucket index: Exemplar})]
+    points: list
 
 
 def data_points(metric) -> int:
@@ -145,10 +157,61 @@ def series_of(metric, scope_labels: dict[str, str]) -> Series | None:
         if family == HISTOGRAM:
             # OTLP allows a point with no buckets at all (both lists empty): all of it is in +Inf.
             counts = list(point.bucket_counts) or ([] if point.explicit_bounds else [point.count])
-            rows.append((labels, list(point.explicit_bounds), counts, point.sum))
+            bounds = list(point.explicit_bounds)
+            rows.append((labels, bounds, counts, point.sum, bucket_exemplars(point.exemplars, bounds)))
         else:
             rows.append((labels, point.as_double if point.WhichOneof("value") == "as_double" else point.as_int))
     return Series(family, metric_name(metric.name), metric.description, unit_suffix(metric.unit), scope_labels, rows)
+
+
+def exemplar(otlp) -> Exemplar | None:
+    """An OTLP exemplar as OpenMetrics shows one (see the module's docstring); None for a value that
+    is not a finite number."""
+    value = otlp.as_double if otlp.WhichOneof("value") == "as_double" else otlp.as_int
+    if not math.isfinite(value):
+        return None
+    labels = {}
+    if len(otlp.trace_id) == 16 and any(otlp.trace_id):  # W3C: 16 bytes, not all zero
+        labels[TRACE_ID_LABEL] = otlp.trace_id.hex()
+    if len(otlp.span_id) == 8 and any(otlp.span_id):
+        labels[SPAN_ID_LABEL] = otlp.span_id.hex()
+    size = sum(len(k) + len(v) for k, v in labels.items())
+    for kv in otlp.filtered_attributes:
+        name, text = label_name(kv.key), label_value(any_value(kv.value))
+        if name in labels or not valid_label_name(name) or size + len(name) + len(text) > EXEMPLAR_MAX_CHARS:
+            continue
+        labels[name] = text
+        size += len(name) + len(text)
+    return Exemplar(labels, value, otlp.time_unix_nano / 1e9 if otlp.time_unix_nano else None)
+
+
+def bucket_exemplars(exemplars, bounds: list[float]) -> dict[int, Exemplar]:
+    """The latest exemplar of each bucket (an upper bound is its bucket's, as ``le``)."""
+    out: dict[int, tuple[int, Exemplar]] = {}
+    for otlp in exemplars:
+        converted = exemplar(otlp)
+        if converted is None:
+            continue
+        index = bisect.bisect_left(bounds, converted.value)
+        if index not in out or otlp.time_unix_nano >= out[index][0]:
+            out[index] = (otlp.time_unix_nano, converted)
+    return {index: ex for index, (_, ex) in out.items()}
+
+
+def keep_exemplars(previous: Series, series: Series) -> None:
+    """``series`` replaces ``previous``: a bucket with no exemplar in it keeps the one it had (the SDK
+    sends each exemplar once, in the push after its measurement; a scrape should still find it)."""
+    if previous.kind != HISTOGRAM or series.kind != HISTOGRAM:
+        return
+    before = {_row_key(row): row for row in previous.points}
+    for i, row in enumerate(series.points):
+        old = before.get(_row_key(row))
+        if old is not None and old[4] and old[1] == row[1]:
+            series.points[i] = row[:4] + ({**old[4], **row[4]},)
+
+
+def _row_key(row) -> tuple:
+    return tuple(sorted(row[0].items()))
 
 
 def prometheus_name(series: Series) -> str:
@@ -203,11 +266,12 @@ def family(name: str, kind: str, first: Series, rows: list) -> Metric:
     for row in rows:
         values = [row[0].get(k, "") for k in keys]
         if kind == HISTOGRAM:
-            _, bounds, counts, total = row
+            _, bounds, counts, total, exemplars = row
             buckets, running = [], 0
-            for bound, count in zip([*bounds, "+Inf"], counts):
+            for i, (bound, count) in enumerate(zip([*bounds, "+Inf"], counts)):
                 running += count
-                buckets.append((f"{bound}", running))
+                ex = exemplars.get(i)
+                buckets.append((f"{bound}", running, ex) if ex is not None else (f"{bound}", running))
             out.add_metric(values, buckets=buckets, sum_value=total)
         else:
             out.add_metric(values, row[1])

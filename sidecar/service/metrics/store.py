@@ -13,7 +13,9 @@ not translate, an invalid label name, a malformed histogram, or a name another f
 (one pushed by any live process, this store's ``target_info``, or one of the sidecar's own metrics,
 ``reserved``). ``MetricsStore.render`` writes the sidecar's own metrics first, then the pushed ones,
 and skips (and logs) any family it cannot write or that would repeat a name, rather than failing
-the scrape.
+the scrape. ``render`` writes either exposition (``encoder``): the Prometheus text format, or
+OpenMetrics, which also shows the histogram buckets' exemplars; the store keeps each bucket's latest
+exemplar across pushes (``otlp_translation.keep_exemplars``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from prometheus_client import generate_latest
@@ -38,6 +40,7 @@ from .otlp_translation import (
     data_points,
     exposition_names,
     family,
+    keep_exemplars,
     label_name,
     label_value,
     prometheus_name,
@@ -122,8 +125,7 @@ class MetricsStore:
                         key = (sm.scope.name, sm.scope.version, metric.name)
                         # A later push replaces a series (or removes it, if the new one is refused);
                         # one metric twice in this push competes with itself: the first one's type stays.
-                        if key not in pushed:
-                            self._forget(proc, key, claims)
+                        previous = self._forget(proc, key, claims) if key not in pushed else None
                         series, reason = _checked(metric, scope)
                         if series is not None and claims.conflicts(prometheus_name(series), series.kind):
                             series, reason = None, CONFLICTING_TYPE
@@ -131,16 +133,19 @@ class MetricsStore:
                             drops.append(Drop(reason, metric.name, data_points(metric)))
                             continue
                         self._forget(proc, key, claims)
+                        if previous is not None:
+                            keep_exemplars(previous, series)
                         proc.series[key] = series
                         claims.add(prometheus_name(series), series.kind)
                         pushed.add(key)
         return drops
 
     @staticmethod
-    def _forget(proc: _Process, key: tuple, claims: _Claims) -> None:
+    def _forget(proc: _Process, key: tuple, claims: _Claims) -> Series | None:
         old = proc.series.pop(key, None)
         if old is not None:
             claims.add(prometheus_name(old), old.kind, -1)
+        return old
 
     def _process(self, resource: dict, drops: list[Drop]) -> _Process:
         key = str(resource.get("service.instance.id") or (resource.get("host.name"), resource.get("process.pid")))
@@ -194,10 +199,12 @@ class MetricsStore:
                 self._skipped(name, exc)
         return out
 
-    def render(self, own) -> bytes:
+    def render(self, own, encoder: Callable[[object], bytes] = generate_latest) -> bytes:
         """The scrape: ``own`` (the sidecar's registry) first, so that a pushed family never shadows one
         of the sidecar's, then the pushed families; one that would repeat a name, or that cannot be
-        written, is skipped."""
+        written, is skipped. ``encoder``: prometheus_client's exposition, the text format's
+        ``generate_latest`` or OpenMetrics' (each family alone, then OpenMetrics' one ``# EOF``)."""
+        end = encoder(_One(None))  # what the format writes after the last family: "# EOF" in OpenMetrics
         out, emitted = [], set()
         for metric in [*_collected(own, "the sidecar's metrics"), *_collected(self, "pushed metrics")]:
             names = _exposed(metric)
@@ -205,12 +212,13 @@ class MetricsStore:
                 self._skipped(metric.name, "a family of that name is already in this scrape")
                 continue
             try:
-                out.append(generate_latest(_One(metric)))
+                text = encoder(_One(metric))
             except Exception as exc:
                 self._skipped(metric.name, exc)
                 continue
+            out.append(text[:len(text) - len(end)] if end and text.endswith(end) else text)
             emitted |= names
-        return b"".join(out)
+        return b"".join(out) + end
 
     def collect(self) -> list[Metric]:
         return self.families()
@@ -252,10 +260,10 @@ def _collected(collector, source: str) -> Iterator[Metric]:
 
 
 class _One:
-    """One family as a collector: generate_latest writes it, or fails for it alone."""
+    """One family as a collector (None: none): an exposition writes it, or fails for it alone."""
 
-    def __init__(self, metric: Metric) -> None:
+    def __init__(self, metric: Metric | None) -> None:
         self._metric = metric
 
     def collect(self) -> list[Metric]:
-        return [self._metric]
+        return [] if self._metric is None else [self._metric]

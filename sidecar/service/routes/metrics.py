@@ -6,6 +6,10 @@ temporality; ``sidecar.telemetry.push``): ``POST`` ``protocol.METRICS_PUSH_PATH`
 latest points of every process in Prometheus text format, translated the way the OpenTelemetry
 Prometheus exporter translates them (``sidecar/service/metrics/otlp_translation.py``; scope labels ``otel_scope_*``; a
 ``target_info`` per process), each series labelled with its process (``sidecar/service/metrics/store.py``).
+A scraper that asks for OpenMetrics (``Accept: application/openmetrics-text``, as Prometheus does;
+prometheus_client's ``choose_encoder`` negotiates) gets the same families in OpenMetrics instead,
+with the exemplars of the histogram buckets (trace_id, span_id, request_id); the text format, which
+cannot carry exemplars, stays the default and is served exactly as before.
 
 Pushes are signed, not given the token (sidecar/common/auth.py): ``X-Sidecar-Timestamp`` (unix seconds,
 within ``PUSH_MAX_SKEW_S`` of the sidecar's clock) and ``X-Sidecar-Signature`` (HMAC-SHA256 of the
@@ -37,7 +41,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from ...common import auth
 from ...common.protocol import METRICS_PUSH_PATH
@@ -53,6 +58,7 @@ SCRAPE_PATH = "/metrics"
 MAX_BODY_BYTES = 16 << 20  # docs/api.md: a push's body, its Content-Encoding undone
 DECODED_ENCODINGS = ("", "identity", "gzip", "deflate")  # the ones aiohttp's parser undoes that HTTP pushes use
 PROTOBUF = "application/x-protobuf"  # OTLP/HTTP's binary encoding, both ways
+OPENMETRICS = "application/openmetrics-text"
 MAX_NAMED_DROPS = 10  # in a partial_success message; the counter has them all
 
 METRICS_STORE = web.AppKey("metrics_store", MetricsStore)
@@ -167,9 +173,19 @@ def _partial_success(drops: list[Drop]) -> ExportMetricsPartialSuccess:
         error_message=f"{len(drops)} series not stored (sidecar_metric_push_dropped_total on /metrics): {named}{more}")
 
 
+def exposition(accept: str) -> tuple[Callable, str]:
+    """(encoder, Content-Type) for a scrape's ``Accept``: OpenMetrics when it asks for it in a version
+    prometheus_client writes, else the text format as the sidecar always served it."""
+    encoder, content_type = choose_encoder(accept)
+    if content_type.startswith(OPENMETRICS):
+        return encoder, content_type
+    return generate_latest, CONTENT_TYPE_LATEST
+
+
 async def scrape(request: web.Request) -> web.Response:
-    body = request.app[METRICS_STORE].render(request.app[METRICS_REGISTRY])
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    encoder, content_type = exposition(request.headers.get("Accept", ""))
+    body = request.app[METRICS_STORE].render(request.app[METRICS_REGISTRY], encoder)
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 def add_metrics_routes(app: web.Application, *, push_token: str | None = None,
