@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Real backends and validators the telemetry tests use (tests/telemetry). Idempotent.
 #   - Prometheus + promtool (Debian package): scrapes the sidecar's /metrics in tests, checks deploy/prometheus.yml
+#   - Alertmanager + amtool (Debian's prometheus-alertmanager): the alert chain's tests (tests/alert_chain.py),
+#     checks deploy/alertmanager.yml
 #   - check-jsonschema: validates docker-compose.yml against the compose specification's schema
 #   - opentelemetry-exporter-prometheus: the reference for the sidecar's metric name translation
 #   - grafana-foundation-sdk (pinned build): dashboards/generate.py
@@ -9,14 +11,16 @@
 set -euo pipefail
 PYTHON="${PYTHON:-.venv/bin/python}"
 
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null \
+    || ! command -v amtool >/dev/null; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get install -y --no-install-recommends prometheus || {
-    $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends prometheus
+  $SUDO apt-get install -y --no-install-recommends prometheus prometheus-alertmanager || {
+    $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends prometheus prometheus-alertmanager
   }
 fi
-# The Debian package starts a system Prometheus on :9090 where systemd runs; the tests start their own.
+# The Debian packages start a system Prometheus on :9090 and Alertmanager on :9093 where systemd runs;
+# the tests start their own.
 
 pkgs=(check-jsonschema "opentelemetry-exporter-prometheus==0.66b2" "grafana-foundation-sdk==1769699379!11.6.0")
 "$PYTHON" -m pip install --quiet "${pkgs[@]}"
@@ -27,4 +31,4 @@ if [ "${SKIP_PHOENIX:-0}" != "1" ]; then
     "$PHOENIX_VENV/bin/python" -m pip install --quiet arize-phoenix
   fi
 fi
-echo "test backends ready: $(prometheus --version 2>&1 | head -1)"
+echo "test backends ready: $(prometheus --version 2>&1 | head -1); $(prometheus-alertmanager --version 2>&1 | head -1)"

@@ -6,13 +6,14 @@ the other behind the session's own stack (tests/conftest.py ``_shared_stacks``),
 analysis tests leave a core idle; the files that use them (tests/e2e/conftest.py) run in name order:
 
 - ``fixture_models``: test_vllm_incidents.py, test_vllm_slow_token_fixture.py, test_vllm_syncs.py,
-  test_vllm_triggers.py, then test_vllm_worker_killed.py kills its worker.
+  test_vllm_triggers.py, test_vllm_triggers_alertmanager.py, then test_vllm_worker_killed.py kills its worker.
 - ``fault_stack``: test_vllm_disk_full.py, test_vllm_faults.py (the trace backend outage), then
   test_vllm_shutdown.py SIGTERMs its sidecar and its server.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -157,13 +158,18 @@ def fixture_models_builder(tmp_path_factory) -> ReusedStack:
     """The sidecar and real vLLM serving the fixture models in one (tests/fixtures/slow_token_model,
     ``planted=True``): a prompt ending in SLOW_TOKEN_ID makes one 1.5 s step; HANG_TOKEN_ID hangs a step
     until the file ``env[ENV_HANG_RELEASE]`` exists (60 s at most); every forward makes the planted
-    syncs, which a sync scan counts (SIDECAR_SYNC_TREAT_CPU_AS_DEVICE=1); the step watchdog is at 3 s."""
+    syncs, which a sync scan counts (SIDECAR_SYNC_TREAT_CPU_AS_DEVICE=1); the step watchdog is at 3 s; the
+    sidecar acts on Alertmanager's TTFT alert (tests/alert_chain.py ``E2E_ALERT_ACTIONS``)."""
+    from alert_chain import E2E_ALERT_ACTIONS
     from slow_token_model import ENV_HANG_RELEASE, ENV_HANG_S, make_model_dir
 
     def make(resources):
         work = tmp_path_factory.mktemp("fixture-models")
         model = make_model_dir(work / "model", planted=True)
-        return VllmStack(model_dir=model, work_dir=work / "stack", base_env=ENVIRON_AT_START, env={
+        actions = work / "alert-actions.json"
+        actions.write_text(json.dumps(E2E_ALERT_ACTIONS))
+        return VllmStack(model_dir=model, work_dir=work / "stack", base_env=ENVIRON_AT_START,
+                         sidecar_args=("--alert-actions", str(actions)), env={
             "SIDECAR_WATCHDOG_S": "3",
             "SIDECAR_SYNC_TREAT_CPU_AS_DEVICE": "1",
             ENV_HANG_RELEASE: str(work / "release-hang"),

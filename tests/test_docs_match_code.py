@@ -7,11 +7,14 @@ What the code produces is taken from the code running, never from its source tex
 - metrics: the sidecar's ``/metrics`` (its own families, and what an engine process's real telemetry
   pushes to it, every instrument recorded once), and the OpenTelemetry instruments themselves (names
   and units, from an in-memory reader);
-- spans: a request's span tree, a step span and a capture span from a real ``Telemetry``, and the
-  sidecar's own ``sync_scan`` and ``trigger_firing`` from a scan and a firing of the live sidecar below;
+- spans: a request's span tree, a step span and capture spans (one a trigger started, one an alert)
+  from a real ``Telemetry``, and the sidecar's own ``sync_scan``, ``trigger_firing`` and
+  ``alert_firing`` from a scan and firings of the live sidecar below;
 - JSON fields: the live sidecar's answers, with real probes in fake engine processes
   (tests/fake_engine.py, as tests/test_service.py): a slow step fires a trigger that saves the flight
-  recorder, captures and scans; then a capture of one request, a capture and a scan stopped early.
+  recorder, captures and scans; an Alertmanager notification fires an alert action that does the
+  same, and skips an alert of another server; then a capture of one request, a capture and a scan
+  stopped early.
 
 What the docs say is read from the places that state it: docs/telemetry.md's Metrics and Spans tables
 (both directions), every metric and dotted attribute name in backticks anywhere in docs/ and README.md,
@@ -51,6 +54,9 @@ from sidecar.probe.profile_header import BAGGAGE_KEY
 from sidecar.common.protocol import SyncReport
 from sidecar.service.metrics import sync_findings
 from sidecar.service.incidents import triggers as triggers_module
+from sidecar.service.incidents import alerts as alerts_module
+from sidecar.service.incidents.alert_actions import parse_alert_actions_file
+from sidecar.common.protocol import StartedBy
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.service.jobs.captures import BoundCaptureRequest
 from sidecar.service.routes.keys import CAPTURES
@@ -301,9 +307,15 @@ async def _until(get, ok, what: str, timeout: float = 180):
         await asyncio.sleep(0.1)
 
 
+DOCS_ALERT = "DocsAlertFired"
+
+
 async def _live(tmp: Path, engine_push: bytes) -> dict[str, Any]:
+    actions = parse_alert_actions_file(json.dumps([{"match": {"alertname": DOCS_ALERT}, "cooldown_s": 600,
+                                                    "action": {"capture_steps": 2, "recorder_seconds": 10,
+                                                               "sync_scan": True}}]), 50)
     app = make_app(ServiceSettings(trace_dir=tmp / "traces", probe_token=PROBE_TOKEN, http_token=None, max_steps=50,
-                                   max_capture_bytes=1 << 30, keep=20, stop_grace_s=1.0))
+                                   max_capture_bytes=1 << 30, keep=20, stop_grace_s=1.0, alert_actions=tuple(actions)))
     client = TestClient(TestServer(app))
     await client.start_server()
     url = str(client.make_url("")).rstrip("/")
@@ -339,6 +351,17 @@ async def _live(tmp: Path, engine_push: bytes) -> dict[str, Any]:
         out["trigger"] = await _until(lambda: get(f"/triggers/{trigger['id']}"), lambda b: b["counts"]["skipped"],
                                       "a skipped firing")
         out["watch"] = await _until(lambda: get("/syncs/watch"), lambda b: b["sites"], "the sync watch's report")
+        # Alertmanager's notification: one alert of this server fires (recorder, capture, scan), one of another is skipped.
+        labels = {"alertname": DOCS_ALERT, "instance": f"127.0.0.1:{client.port}", "severity": "warning"}
+        out["alerts_posted"] = await answer(await client.post("/alerts", json={"version": "4", "alerts": [
+            {"status": "firing", "labels": labels, "startsAt": "2026-11-23T07:01:01.52Z", "fingerprint": "5e4bd1c6f2a3b7e0"},
+            {"status": "firing", "labels": {**labels, "instance": "10.0.3.7:8787"}, "startsAt": "2026-11-23T07:01:01.52Z"},
+        ]}), 200)
+        alerted = await _until(lambda: get("/alerts"), lambda b: b["firings"] and b["firings"][0]["scan"], "the alert's firing")
+        out["alert_capture"] = await _until(lambda: get(f"/profile/{alerted['firings'][0]['capture']}"),
+                                            lambda b: b["state"] in FINAL, "the alert's capture")
+        await _until(lambda: get(f"/sync/{alerted['firings'][0]['scan']}"), lambda b: b["state"] in FINAL, "the alert's scan")
+        out["alerts"] = await get("/alerts")
         # A capture of one request (as request_captures.py starts it), read while it runs, then stopped.
         bound = await app[CAPTURES].start(BoundCaptureRequest(steps=2, request_id="cmpl-1-0", asked_by=firing["process"]))
         out["bound_capture"] = await get(f"/profile/{bound.id}")
@@ -421,6 +444,12 @@ def _engine_telemetry():
                                      bytes=1000, trace_url="http://127.0.0.1:8787/profile/20261123-000000-abcdef/trace",
                                      error="a process was lost", request_id="chatcmpl-1"),
                        telemetry.tracer, in_flight=[in_flight], captured=captured)
+        # Captures that a trigger and an Alertmanager alert started name them (the verdict's started_by).
+        for cause in (StartedBy(kind="trigger", name="step_duration step > 1000 ms", id="trg-3f9a1c2e"),
+                      StartedBy(kind="alert", name="InferenceTimeToFirstTokenHigh", id="5e4bd1c6f2a3b7e0",
+                                starts_at="2026-11-23T07:01:01.52Z", labels={"alertname": "InferenceTimeToFirstTokenHigh"})):
+            record_capture(CaptureRecord("20261123-000000-abcdef", "done", arrival, arrival + 1, steps=3, processes=2,
+                                         bytes=1000, started_by=cause), telemetry.tracer)
         telemetry.run_tasks_once()
         telemetry.span_processor.force_flush()
         return list(spans.get_finished_spans()), reader.get_metrics_data()
@@ -462,7 +491,7 @@ def code(tmp_path_factory) -> Code:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(sidecar_spans))
     with pytest.MonkeyPatch.context() as mp:  # the sidecar's spans go to the global tracer: this one stands in
-        for module in (triggers_module, sync_findings):
+        for module in (triggers_module, alerts_module, sync_findings):
             mp.setattr(module.trace, "get_tracer", lambda *a, **k: provider.get_tracer("test"))
         live = asyncio.run(_live(tmp_path_factory.mktemp("docs-live"), encode_metrics(data).SerializeToString()))
     metrics = [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
@@ -781,6 +810,11 @@ def _capture_shape() -> Obj:
     paragraph = next(p for p in map(str.strip, prose(text).split("\n\n")) if p.startswith("`trigger` is null"))
     listed = paragraph.split(":", 1)[1].split("(see")[0]
     capture.keys["trigger"] = Obj({name: None for name in ticked(listed)})
+    # "`alert` is null but for a capture an Alertmanager alert started: `name` (its `alertname`), `labels`, ..."
+    paragraph = next(p for p in map(str.strip, prose(text).split("\n\n")) if "`alert` is null" in p)
+    listed = re.sub(r"\([^)]*\)", "", paragraph.split("alert started:", 1)[1].split("(see")[0])  # less (its `startsAt`)
+    capture.keys["alert"] = Obj({name: None for name in ticked(listed)})
+    capture.keys["alert"].keys["labels"] = Obj(is_map=True)
     request = next(p for p in prose(text).split("\n\n") if "`request` is null" in p)
     capture.keys["request"] = shape(_inline(request, r"\{"))
     return capture
@@ -819,8 +853,16 @@ def _bodies(code: Code) -> list[tuple[str, Shape, list, frozenset]]:
     profiles.keys["captures"] = Arr(capture)  # "the same objects as /profile/{id}"
     syncs = shape(_inline(_api("GET /syncs"), r"\{"))
     syncs.keys["scans"] = Arr(scan)
+    alerts = _api("Alerts: Alertmanager as a trigger")
+    listed_alerts = shape(_fenced(section(alerts, "GET /alerts")))
+    for key, nested in (("actions", "match"), ("firings", "alert"), ("skipped", "alert")):  # label maps: data, not fields
+        item = listed_alerts.keys[key].item
+        if nested == "match":
+            item.keys["match"] = Obj(is_map=True)
+        else:
+            item.keys["alert"].keys["labels"] = Obj(is_map=True)
     return [
-        ("GET /profile/{id}", capture, [live["capture"], live["bound_capture"]], frozenset()),
+        ("GET /profile/{id}", capture, [live["capture"], live["bound_capture"], live["alert_capture"]], frozenset()),
         ("GET /profiles", profiles, [live["profiles"]], frozenset()),
         ("POST /profile/start", shape(_inline(_api("GET|POST /profile/start"), r"202 \{")), [live["capture_started"]],
          frozenset()),
@@ -843,6 +885,8 @@ def _bodies(code: Code) -> list[tuple[str, Shape, list, frozenset]]:
         ("GET /triggers", listed, [live["triggers"]], frozenset()),
         ("DELETE /triggers/{id}", shape(_inline(section(triggers, "DELETE /triggers/{id}"), r"200 \{")),
          [live["trigger_deleted"]], frozenset()),
+        ("POST /alerts", shape(_fenced(section(alerts, "POST /alerts"))), [live["alerts_posted"]], frozenset()),
+        ("GET /alerts", listed_alerts, [live["alerts"]], frozenset()),
     ]
 
 

@@ -11,6 +11,7 @@ when that command is chosen (``_COMMAND_MODULES``).
     jobs        ``sidecar capture``, ``sync``, ``status``, ``list``, ``stop``, ``summary``, ``download``, ``watch``, ``metrics``
     modules     ``sidecar modules``: which layer of the running model is slow
     incidents   ``sidecar recorder``, ``stacks``, ``requests``, ``triggers``
+    alerts      ``sidecar alerts``: what came of Alertmanager's alerts; ``--send`` one notification
     analyze     ``sidecar analyze``: a trace explained at once
     diff        ``sidecar diff``: what changed from one trace (or capture) to another
     one_shot    the process set-up of a command-line analysis (no cyclic GC, no BLAS worker threads)
@@ -41,6 +42,7 @@ _COMMAND_MODULES = {
     "stacks": "sidecar.cli.incidents",
     "requests": "sidecar.cli.incidents",
     "triggers": "sidecar.cli.incidents",
+    "alerts": "sidecar.cli.alerts",
     "analyze": "sidecar.cli.analyze",
     "diff": "sidecar.cli.diff",
     "make-model": "sidecar.cli.make_model",

@@ -38,6 +38,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="refuse a capture (HTTP 507) while the trace dir's disk has less free (default %(default)s MiB)")
     p.add_argument("--triggers", type=Path, default=None, metavar="FILE",
                    help="trigger rules to install at start: a JSON list (docs/api.md, Triggers)")
+    p.add_argument("--alert-actions", type=Path, default=None, metavar="FILE",
+                   help="what POST /alerts (Alertmanager's webhook) does with an alert: a JSON list of "
+                        "{match, action, cooldown_s, budget_per_hour} (docs/api.md, Alerts)")
+    p.add_argument("--alert-instance", action="append", default=[], type=_alert_instance, metavar="HOST:PORT",
+                   help="the instance label by which alerts name this sidecar's server (where Prometheus scrapes "
+                        "it); repeat for more. Default: this host's names and addresses, on the port the "
+                        "notification reached (docs/api.md, Alerts)")
     p.add_argument("--allowed-host", action="append", default=[], type=_allowed_host, metavar="NAME",
                    help="a host name a browser may use to reach the sidecar besides loopback names and IP "
                         "addresses, e.g. a Service or ingress name; repeat for more")
@@ -79,6 +86,16 @@ def _allowed_host(value: str) -> str:
     if problem:
         raise argparse.ArgumentTypeError(f"{value!r}: {problem}")
     return name
+
+
+def _alert_instance(value: str) -> str:
+    """One ``--alert-instance``, as Prometheus writes an ``instance`` label (argparse exits 2 otherwise)."""
+    from ..service.incidents.alert_actions import instance_problem
+
+    problem = instance_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{value!r}: {problem}")
+    return value
 
 
 LOOPBACK_PAIR = ("127.0.0.1", "::1")
@@ -154,19 +171,33 @@ def _bind_problem(exc: OSError, companion: bool) -> str:
     return f"{exc}: another process listens there; stop it, or choose another --port"
 
 
-def _trigger_rules(path: Path | None, max_steps: int) -> list:
-    """The rules of ``--triggers FILE``; ValueError naming the file and ``rules[i].field``."""
+def _rules_file(flag: str, path: Path | None, parse: Callable[[str, int], list], max_steps: int) -> list:
+    """What ``parse`` makes of the file of ``flag`` (none: nothing); ValueError naming the flag, the
+    file and the field (``rules[i].field``, ``[i].field``)."""
     from ..service.jobs.params import ParamError
-    from ..service.incidents.trigger_rules import parse_rules_file
 
     if path is None:
         return []
     try:
-        return parse_rules_file(path.read_text(encoding="utf-8"), max_steps)
+        return parse(path.read_text(encoding="utf-8"), max_steps)
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--triggers {path}: cannot be read: {exc}") from None
+        raise ValueError(f"{flag} {path}: cannot be read: {exc}") from None
     except ParamError as exc:
-        raise ValueError(f"--triggers {path}: {exc.param}: {exc.message}") from None
+        raise ValueError(f"{flag} {path}: {exc.param}: {exc.message}") from None
+
+
+def _trigger_rules(path: Path | None, max_steps: int) -> list:
+    """The rules of ``--triggers FILE``; ValueError naming the file and ``rules[i].field``."""
+    from ..service.incidents.trigger_rules import parse_rules_file
+
+    return _rules_file("--triggers", path, parse_rules_file, max_steps)
+
+
+def _alert_actions(path: Path | None, max_steps: int) -> list:
+    """The actions of ``--alert-actions FILE``; ValueError naming the file and ``[i].field``."""
+    from ..service.incidents.alert_actions import parse_alert_actions_file
+
+    return _rules_file("--alert-actions", path, parse_alert_actions_file, max_steps)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -198,6 +229,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         triggers = _trigger_rules(args.triggers, args.max_steps)
+        alert_actions = _alert_actions(args.alert_actions, args.max_steps)
     except ValueError as exc:
         print(f"sidecar serve: {exc}", file=sys.stderr)
         return 2
@@ -211,6 +243,8 @@ def _serve(args: argparse.Namespace) -> int:
         keep_bytes=args.keep_mb * 2**20,
         min_free_bytes=args.min_free_mb * 2**20,
         triggers=tuple(triggers),
+        alert_actions=tuple(alert_actions),
+        alert_instances=tuple(dict.fromkeys(args.alert_instance)),
         allowed_hosts=tuple(dict.fromkeys(args.allowed_host)),
     )
     from ..service.tracing import start_tracing

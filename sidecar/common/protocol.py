@@ -14,18 +14,21 @@ connection, says nothing more), then answers ``proof``; the sidecar checks it an
 registers the probe (wrong: close code ``CLOSE_REFUSED``).
 
 probe → sidecar
-  hello      {protocol, process: ProcessIdentity, nonce, files_at?, marker?}
+  hello      {protocol, process: ProcessIdentity, nonce, files_at?, marker?, step_alarm?}
                                                    ``files_at``: the probe's trace root; ``marker``: the
                                                    name of a file it made in ``<files_at>/probes/``:
                                                    where the sidecar sees it, the two share a file
                                                    system and the sidecar reads the files the probe
-                                                   names; else it fetches them (``fetch``)
+                                                   names; else it fetches them (``fetch``);
+                                                   ``step_alarm``: it acts on ``step_alarm`` (below)
   proof      {proof}                               HMAC("probe", sidecar nonce, probe nonce)
   heartbeat  {steps, sync_watch?, open_step_ms?, stuck?, in_flight?, slowest_step_ms?, slowest_step?}
                                                    working steps so far; the watch report when changed;
                                                    how long the running step has run; the watchdog's
                                                    report; the requests this process knows in flight;
-                                                   the slowest step ended since the last heartbeat
+                                                   the slowest step ended since the last heartbeat.
+                                                   Every 2 s, and early (``step_alarm``) when a step
+                                                   over the alarm's threshold ended
   capture    {job_id, state, steps_recorded, steps_seen?, step_rate?, first_step?, file?, bytes, stacks,
               stacks_file?, stack_summary?, error?, stop_reason?}
   sync       {job_id, state, steps_recorded, steps_seen?, step_rate?, first_step?, treat_cpu_as_device, sites?,
@@ -55,8 +58,9 @@ sidecar → probe
                                     it knows its model (``ProcessIdentity.extra["model"]``)
   begin      {job_id, start_step}   record from this working step on, the same in every process
   stop       {job_id, reason}       end early, keeping what was recorded
-  verdict    {job_id, state, reason?, steps, processes, trace_bytes, trace?}
-                                    a capture's final state, to its processes still connected
+  verdict    {job_id, state, reason?, steps, processes, trace_bytes, trace?, started_by?}
+                                    a capture's final state, to its processes still connected;
+                                    ``started_by``: the trigger or the alert that started it
   query      {query_id, kind, seconds, hz, only_step_thread}
                                     "recorder": the flight recorder's last ``seconds`` (the probe
                                     writes it to <root>/recorder/<stem>-<query_id>.json and answers
@@ -76,6 +80,14 @@ sidecar → probe
   clock      {seq}                  a clock probe: the sidecar notes its own wall clock when sending
                                     and when the reply arrives, and estimates this process's clock
                                     offset from the fastest round trips, as NTP does (service/clock_sync.py)
+  step_alarm {threshold_ms?}        the lowest threshold of the sidecar's single-event step rules
+                                    (none: null): the probe's link thread looks at its step ring
+                                    every 0.1 s and sends a heartbeat at once when a step longer
+                                    than that ended (at most one early every 0.2 s), so a rule
+                                    fires within a second of the step's end, not at the next beat.
+                                    Sent after the handshake when there is one, and on every
+                                    change, to a probe whose hello says ``step_alarm``; a probe
+                                    forgets it when its link drops
 
 Job ids are unique across kinds (a scan's starts with ``s``), so ``begin`` and ``stop`` serve both.
 An id is never a path component such as ``..`` (``JobId``). A capture names no directory: each probe
@@ -261,6 +273,9 @@ class Hello(_Message, tag="hello", kw_only=True):
     nonce: Hex64  # fresh for each connection
     files_at: Text = ""  # the probe's trace root (absolute)
     marker: Marker = ""  # a file in <files_at>/probes/ (none: the probe asks to have its files fetched)
+    # It acts on ``StepAlarm`` (a step ring to watch): the sidecar sends that frame only where this
+    # says so, so a probe that does not know the frame never gets it (protocol_codec.py, issue 30).
+    step_alarm: bool = False
 
 
 class Challenge(_Message, tag="challenge", kw_only=True):
@@ -359,6 +374,21 @@ class Stop(_Message, tag="stop", kw_only=True):
     reason: Text = "stopped"
 
 
+MAX_ALERT_LABELS = 64
+
+
+class StartedBy(msgspec.Struct, frozen=True, kw_only=True):
+    """What started a capture that no client asked for (the API server's capture span names it): a
+    trigger's firing (``id``: the trigger's) or an Alertmanager alert (``id``: its fingerprint, with
+    its ``startsAt`` and labels)."""
+
+    kind: Literal["trigger", "alert"]
+    name: Text
+    id: Text
+    starts_at: Text | None = None
+    labels: Annotated[dict[Text, Text], msgspec.Meta(max_length=MAX_ALERT_LABELS)] = msgspec.field(default_factory=dict)
+
+
 class Verdict(_Message, tag="verdict", kw_only=True):
     """A capture's final state, sent to each of its processes still connected when it ends: the API
     server's capture span needs it, and the probe channel is authenticated both ways, so nothing
@@ -371,6 +401,7 @@ class Verdict(_Message, tag="verdict", kw_only=True):
     processes: Count = 0
     trace_bytes: Count = 0
     trace: Text | None = None  # the merged trace's path on the sidecar: /profile/<id>/trace
+    started_by: StartedBy | None = None  # None: a client started it
 
 
 QueryKind = Literal["recorder", "stacks", "requests"]
@@ -450,8 +481,16 @@ class ClockReply(_Message, tag="clock_reply", kw_only=True):
     probe_ns: Count  # time.time_ns() in the probe's process when the ``clock`` message was taken
 
 
+class StepAlarm(_Message, tag="step_alarm", kw_only=True):
+    """Report a step longer than ``threshold_ms`` as soon as it ends: a heartbeat sent then, not at the
+    next beat (sidecar/probe/heartbeat.py, ``HeartbeatSource.early``). The lowest threshold of the
+    sidecar's single-event step rules; None: no such rule, no early heartbeats."""
+
+    threshold_ms: Annotated[float, msgspec.Meta(gt=0)] | None = None
+
+
 FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, ModuleReport, Answer, RequestCapture, RequestCaptureRelease,
                   ClockReply, FileChunk]
 FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer, ClockProbe, Fetch,
-                    ModuleArm]
+                    ModuleArm, StepAlarm]
 JobReport = Union[CaptureReport, SyncReport, ModuleReport]

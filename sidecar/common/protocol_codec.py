@@ -10,6 +10,14 @@ naming both versions (``ProtocolVersionError``), not a field-level complaint.
 A change to the messages that a peer of the previous version would misread or silently drop needs a
 new ``PROTOCOL_VERSION``, and a paragraph below saying why.
 
+Still version 10 (issue 30): the sidecar's ``step_alarm`` and ``hello.step_alarm``. The sidecar sends
+the frame only to a probe whose hello says ``step_alarm``, so a probe that does not know it never
+receives it; a sidecar that does not know it ignores that field of the hello (a struct's unknown
+fields are skipped) and never sends the frame, and its probe sends its heartbeats every 2 s as
+before. Either way nothing is misread or lost: a rule fires at the next heartbeat, as it did. Also
+``verdict.started_by`` (the alert or trigger that started a capture): an older probe skips the unknown
+field, and its capture span just lacks those names.
+
 Version 10 (issue 14): a marker's name (``hello.marker``) says its pid space, ``<pid>-<random>-<pid
 space>-<host>`` (sidecar/probe/capture/marker.py), so a probe clears by their dead pid only the markers of its
 own host and pid namespace, never a live one of another container sharing the volume. A version-9

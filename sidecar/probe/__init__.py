@@ -4,7 +4,8 @@ See probe.Probe; its torch.profiler capture is capture/.
     probe            the per-process probe: ``step_begin``/``step_end`` on the step path, message dispatch
     link             the websocket to the sidecar: a daemon thread with its own loop, the handshake (the
                      sidecar proves the token first), typed messages, reconnecting
-    heartbeat        what each heartbeat says (step count, sync watch, slowest and stuck step, requests in flight)
+    heartbeat        what each heartbeat says (step count, sync watch, slowest and stuck step, requests in flight),
+                     and when one goes early: a step over the sidecar's step alarm just ended
     queries          answers to the sidecar's queries (flight recorder, stacks, requests), off the step thread
     watchdog         a step that runs too long: reported stuck, stacks dumped once
     flight_ring      the flight recorder's rings (steps, GC pauses, finished requests), in fixed memory

@@ -15,6 +15,12 @@ sidecar that refuses the probe (another protocol version, a wrong proof: the rea
 connection with ``CLOSE_REFUSED`` and its reason, which is logged as a warning. With no token at all
 the link does not connect; it says why once and looks for the token again at each retry (a sidecar
 started after the engine writes the token file).
+
+Heartbeats go every ``HEARTBEAT_S``, and early when the heartbeat's source says one is due
+(``early_heartbeat``: the step alarm, sidecar/probe/heartbeat.py): while it watches, the link thread wakes
+every ``EARLY_POLL_S`` to ask it, a timer on its own loop (no busy wait, nothing on the step path);
+otherwise it sleeps until the next beat. ``wake_heartbeat`` makes it look again at once (an alarm
+just set).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from ..common.protocol_codec import PROTOCOL_VERSION, ProtocolError, decode_from
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
+# While the step alarm watches: how often the link thread looks at the step ring (s). A slow step's
+# early heartbeat leaves at most this long after the step ended (plus the alarm's own rate limit).
+EARLY_POLL_S = 0.1
 BACKOFF_MIN_S = 0.2
 # At most 2 s between tries: a restarted sidecar has every engine process back within about 2 s of
 # serving (issue 10 asks for a capture within 5 s of a restart); a refused connect costs next to nothing.
@@ -57,10 +66,14 @@ class SidecarLink:
         files_at: str = "",
         marker: str = "",
         before_hello: Callable[[], None] | None = None,
+        early_heartbeat: Callable[[float], bool | None] | None = None,
     ) -> None:
         """``files_at``, ``marker``: the probe's trace root and its marker file there (``hello``).
         ``before_hello``: called on the link thread before each connection's hello (the probe
-        touches its marker there, so that the sidecar finds it even where it was cleared)."""
+        touches its marker there, so that the sidecar finds it even where it was cleared).
+        ``early_heartbeat(now)`` (``time.monotonic()``), on the link thread: None, nothing to watch;
+        False, nothing now (asked again in ``EARLY_POLL_S``); True, send a heartbeat now. Given, the
+        hello says ``step_alarm``: the sidecar may send the alarm this watches."""
         self._url = endpoint.rstrip("/") + PROBE_WS_PATH
         self._process = process
         self._protocol = protocol
@@ -71,6 +84,8 @@ class SidecarLink:
         self._heartbeat = heartbeat
         self._token_provider = token_provider
         self._warmup = warmup
+        self._early_heartbeat = early_heartbeat
+        self._nap: asyncio.Future | None = None  # the heartbeat loop's wait, which wake_heartbeat ends
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main: asyncio.Task | None = None  # connect, serve, reconnect: until close()
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -94,6 +109,22 @@ class SidecarLink:
                 pass
         if self._thread.is_alive():  # a link closed before it was started has no thread to join
             self._thread.join(timeout)
+
+    def wake_heartbeat(self) -> None:
+        """From any thread: the heartbeat loop looks at ``early_heartbeat`` again now (its watch
+        changed), rather than when its current wait ends."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._end_nap)
+        except RuntimeError:  # loop closed between the check and the call
+            pass
+
+    def _end_nap(self) -> None:
+        nap = self._nap
+        if nap is not None and not nap.done():
+            nap.set_result(None)
 
     def _cancel_main(self) -> None:
         if self._main is not None:
@@ -181,7 +212,8 @@ class SidecarLink:
         if self._before_hello is not None:
             self._before_hello()
         await ws.send_str(encode(Hello(protocol=self._protocol, process=self._process, nonce=nonce,
-                                       files_at=self._files_at, marker=self._marker)))
+                                       files_at=self._files_at, marker=self._marker,
+                                       step_alarm=self._early_heartbeat is not None)))
         try:
             frame = await ws.receive(timeout=CHALLENGE_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -254,11 +286,42 @@ class SidecarLink:
         self._warn_once("refused", f"the sidecar at {self._url} refused this probe: {reason}")
 
     async def _beat(self, ws) -> None:
+        """A heartbeat every ``HEARTBEAT_S``, and one whenever ``early_heartbeat`` says so."""
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time() + HEARTBEAT_S
         while not ws.closed:
-            await asyncio.sleep(HEARTBEAT_S)
-            try:
-                beat = self._heartbeat()
-            except Exception:  # a heartbeat skipped, not every later one
-                log.debug("inference-sidecar: heartbeat not built", exc_info=True)
+            wait = next_beat - loop.time()
+            if wait <= 0:
+                next_beat = loop.time() + HEARTBEAT_S
+                await self._send_heartbeat(ws)
                 continue
-            await self._safe_send(ws, beat)
+            early = None
+            if self._early_heartbeat is not None:
+                try:
+                    early = self._early_heartbeat(time.monotonic())
+                except Exception:  # the watch skipped once, never the regular beats
+                    log.debug("inference-sidecar: step alarm not checked", exc_info=True)
+                    early = False
+                if early:
+                    await self._send_heartbeat(ws)
+            await self._wait(min(wait, EARLY_POLL_S) if early is not None else wait)
+
+    async def _wait(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when ``wake_heartbeat`` is called: one future and one timer on
+        this loop (``asyncio.wait_for`` on an event would make a task each time)."""
+        loop = asyncio.get_running_loop()
+        nap = self._nap = loop.create_future()
+        timer = loop.call_later(max(0.0, seconds), self._end_nap)
+        try:
+            await nap
+        finally:
+            timer.cancel()
+            self._nap = None
+
+    async def _send_heartbeat(self, ws) -> None:
+        try:
+            beat = self._heartbeat()
+        except Exception:  # a heartbeat skipped, not every later one
+            log.debug("inference-sidecar: heartbeat not built", exc_info=True)
+            return
+        await self._safe_send(ws, beat)

@@ -39,6 +39,7 @@ from ..common.protocol import (
     ProcessIdentity,
     Query,
     RequestCaptureAnswer,
+    StepAlarm,
     Stop,
     SyncArm,
     SyncReport,
@@ -186,6 +187,8 @@ class Probe:
             files_at=os.path.realpath(self.trace_root.path),
             marker=self._marker,
             before_hello=(lambda: self.trace_root.refresh_marker(self._marker)) if self._marker else None,
+            # The step alarm (heartbeat.py) watches the step ring: a process without one has nothing to report early.
+            early_heartbeat=self._heartbeats.early if self.ring is not None else None,
         )
         # A process that receives requests (a window role, the API server) asks for request-scoped
         # captures from its event loop; step-driven processes only record them.
@@ -314,6 +317,9 @@ class Probe:
                     self.request_captures.on_answer(msg)
             case Fetch():
                 self._link.send(self._files.answer(msg))
+            case StepAlarm(threshold_ms=threshold_ms):
+                self._heartbeats.set_step_alarm(threshold_ms)
+                self._link.wake_heartbeat()  # the heartbeat loop starts (or stops) watching now
 
     def _job(self, job_id: str):
         """The capture or scan of this probe with that id (ids are unique across kinds); None."""

@@ -31,11 +31,13 @@ class Link:
 
 
 def render_capture_report(summary: dict, *, title: str = "Capture report", subtitle: str | None = None,
-                          downloads: Sequence[Link] = (), interactive: bool = False) -> str:
+                          downloads: Sequence[Link] = (), interactive: bool = False,
+                          capture: dict | None = None) -> str:
     """The page. ``downloads``: the trace and other files to offer; ``interactive``: served by the
-    sidecar (its script sends the token with downloads), not a file."""
+    sidecar (its script sends the token with downloads), not a file; ``capture``: the capture's JSON
+    (``GET /profile/{id}``), whose ``trigger`` or ``alert`` says why it exists."""
     sections = [
-        _headline(summary), _findings(summary), _downloads(summary, downloads), _timelines(summary),
+        _headline(summary), _started_by(capture), _findings(summary), _downloads(summary, downloads), _timelines(summary),
         anatomy_section(summary), _devices(summary), _kernels(summary), _ops(summary), _gaps(summary), _syncs(summary),
         _collectives(summary), _python_stacks(summary), _sync_scan(summary), _steps(summary),
         tag("p", f"Summary schema {esc(summary.get('schema_version'))}; page by inference-sidecar "
@@ -57,6 +59,26 @@ def _headline(s: dict) -> str:
                          f"{len(s['processes'])} process{'es' if len(s['processes']) != 1 else ''}"), class_="muted")
     body += "".join(tag("div", esc(w), class_="warn") for w in s.get("warnings", []))
     return _section("headline", "Summary", body)
+
+
+def _started_by(capture: dict | None) -> str:
+    """Why the capture exists, where a trigger or an Alertmanager alert started it (none: a client did)."""
+    alert = (capture or {}).get("alert")
+    trigger = (capture or {}).get("trigger")
+    if isinstance(alert, dict):
+        labels = alert.get("labels") or {}
+        label_text = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "alertname")
+        body = tag("p", "Started by the Alertmanager alert " + tag("strong", esc(alert.get("name") or "(no alertname)"))
+                   + esc(f", firing since {alert.get('starts_at')}") + (esc(f" ({label_text})") if label_text else ""))
+        body += tag("p", esc(f"fingerprint {alert.get('fingerprint')} · firing {alert.get('firing')}"), class_="muted")
+    elif isinstance(trigger, dict):
+        body = tag("p", "Started by the trigger " + tag("strong", esc(trigger.get("name") or trigger.get("trigger")))
+                   + esc(f": {trigger.get('metric')} observed {trigger.get('observed_ms')} ms "
+                         f"over {trigger.get('threshold_ms')} ms"))
+        body += tag("p", esc(f"trigger {trigger.get('trigger')} · firing {trigger.get('firing')}"), class_="muted")
+    else:
+        return ""
+    return _section("started-by", "Why this capture", body)
 
 
 def _findings(s: dict) -> str:

@@ -4,7 +4,7 @@ This module assembles the service (``make_app``): settings and shared state (rou
 refusal of what a web page in the user's browser sends (browser_guard.py), authentication and JSON
 errors, ``/healthz`` (here), and the routes of routes/: captures (captures.py) and their diff
 (diff.py), sync scans (scans.py), module timing (modules.py), the incident views (incidents.py:
-recorder, stacks, requests), triggers (triggers.py), the probe channel and ``/processes``
+recorder, stacks, requests), triggers (triggers.py), Alertmanager's webhook (alerts.py), the probe channel and ``/processes``
 (probe_channel.py), the metrics receiver (metrics.py) and the pages a person opens in a browser
 (pages.py).
 """
@@ -46,6 +46,9 @@ from .routes.settings import ServiceSettings
 from .metrics.sync_findings import SyncFindings, WatchCollector
 from .routes.triggers import add_trigger_routes
 from .incidents.triggers import Triggers
+from .routes.alerts import ALERTS, add_alert_routes
+from .incidents.alert_actions import OwnServer
+from .incidents.alerts import Alerts
 
 __all__ = ["ServiceSettings", "make_app"]
 
@@ -130,6 +133,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
     async def lifecycle(app: web.Application):
         yield
         await app[TRIGGERS].close()
+        await app[ALERTS].close()
         await app[REQUEST_CAPTURES].close()
         await board.close()
         for ws in [c.ws for c in registry.all()]:
@@ -156,4 +160,9 @@ def make_app(settings: ServiceSettings) -> web.Application:
     app[TRIGGERS] = triggers
     app[PUSH_LISTENERS].append(triggers.observe_push)
     add_trigger_routes(app)
+    # Alertmanager's alerts run the same firings (incidents/alerts.py), for the actions configured at start.
+    app[ALERTS] = Alerts(settings.alert_actions, OwnServer.of_this_host(settings.alert_instances), registry=registry,
+                         captures=app[CAPTURES], scans=app[SCANS], queries=app[QUERIES], trace_dir=settings.trace_dir,
+                         metrics=app[METRICS_REGISTRY])
+    add_alert_routes(app)
     return app

@@ -28,6 +28,9 @@ from .jobs.params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS,
 from .jobs.params import MAX_MODULE_STEPS, MODULES_KNOWN
 from ..common.protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
 from .incidents import trigger_rules as tr
+from .incidents import alert_payload as ap
+from .incidents.alert_actions import MAX_LABEL_VALUE
+from .routes.alerts import MAX_BODY_BYTES as ALERTS_MAX_BODY_BYTES
 from .routes.request_body import JSON
 
 __all__ = ["OPENAPI_PATH", "OPERATIONS", "build_document", "id_pattern", "openapi_json"]
@@ -176,6 +179,18 @@ _TRIGGER_RULE = {
     },
 }
 
+_ALERTMANAGER_PAYLOAD = {
+    "type": "object", "required": ["version", "alerts"], "properties": {
+        "version": {"const": ap.VERSION},
+        "alerts": {"type": "array", "maxItems": ap.MAX_ALERTS, "items": {
+            "type": "object", "required": ["status", "labels", "startsAt"], "properties": {
+                "status": {"type": "string", "enum": list(ap.STATUSES)},
+                "labels": {"type": "object", "maxProperties": ap.MAX_LABELS,
+                           "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_VALUE}},
+                "startsAt": {"type": "string", "format": "date-time"},
+                "fingerprint": {"type": "string", "pattern": f"^[0-9A-Za-z]{{1,{ap.MAX_FINGERPRINT}}}$"}}}}},
+}
+
 # (method, path) -> the operation: summary, responses, and where it differs from the rest: "params" (the
 # start parameters it takes), "path" (path parameters), "security" (none: the routes with their own).
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
@@ -279,6 +294,16 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("DELETE", "/triggers/{id}"): {"summary": "remove a trigger", "path": [_path_param("id", TRIGGER_ID_PATTERN)],
                                    "responses": {"200": _ok("deleted", ["deleted"]),
                                                  "404": _error("no such trigger")}},
+    ("POST", "/alerts"): {
+        "summary": "Alertmanager's webhook (payload version 4): each firing alert an action of --alert-actions "
+                   "matches captures the engine, within its cooldown and budget (docs/api.md, Alerts)",
+        "body": {"required": True, "content": {"application/json": {"schema": _ALERTMANAGER_PAYLOAD}}},
+        "responses": {"200": _ok("what became of each alert", ["received", "fired", "skipped", "alerts"]),
+                      "400": _error("bad_parameter naming the field (param), e.g. alerts[3].labels.instance"),
+                      "413": _error(f"too_large: more than {ALERTS_MAX_BODY_BYTES} bytes"),
+                      "415": _error("unsupported_media_type: send JSON")}},
+    ("GET", "/alerts"): {"summary": "the alert actions, and the last alerts fired and skipped (newest first)",
+                         "responses": {"200": _ok("the alerts", ["actions", "own", "counts", "firings", "skipped"])}},
     ("GET", "/processes"): {"summary": "the connected engine processes", "responses": {
         "200": _ok("the processes", ["processes"])}},
     ("GET", "/healthz"): {"summary": "health (no token needed)", "security": [], "responses": {

@@ -2,7 +2,9 @@
 
 A capture bound to a request (a request-scoped capture) also links to that request's span, with
 ``sidecar.link=captured_request`` instead of ``request_in_flight``, and names the request
-(``sidecar.capture.request_id``): from the capture's span, the request's trace.
+(``sidecar.capture.request_id``): from the capture's span, the request's trace. A capture that a
+trigger or an Alertmanager alert started names it (``sidecar.capture.trigger.*``,
+``sidecar.capture.alert.*``), as the sidecar's verdict says (``Verdict.started_by``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Sequence
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, Tracer
 
-from ..common.protocol import CaptureReport, Verdict
+from ..common.protocol import CaptureReport, StartedBy, Verdict
 from .clock import to_ns
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ class CaptureRecord:
     trace_url: str | None = None
     error: str | None = None
     request_id: str | None = None  # the request a request-scoped capture is bound to
+    started_by: StartedBy | None = None  # the trigger or alert that started it
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[S
         attrs["sidecar.capture.trace_url"] = capture.trace_url
     if capture.request_id:
         attrs["sidecar.capture.request_id"] = capture.request_id
+    attrs.update(started_by_attributes(capture.started_by))
     links = []
     if captured is not None and captured.is_valid:
         links.append(Link(captured, {"sidecar.link": "captured_request"}))
@@ -77,6 +81,19 @@ def record_capture(capture: CaptureRecord, tracer: Tracer, in_flight: Sequence[S
     return span.get_span_context()
 
 
+def started_by_attributes(cause: StartedBy | None) -> dict[str, Any]:
+    """The capture span's attributes naming the trigger or the alert that started it (none: a client)."""
+    if cause is None:
+        return {}
+    if cause.kind == "trigger":
+        return {"sidecar.capture.trigger.id": cause.id, "sidecar.capture.trigger.name": cause.name}
+    attrs: dict[str, Any] = {"sidecar.capture.alert.name": cause.name, "sidecar.capture.alert.fingerprint": cause.id,
+                             "sidecar.capture.alert.labels": [f"{k}={v}" for k, v in sorted(cause.labels.items())]}
+    if cause.starts_at:
+        attrs["sidecar.capture.alert.starts_at"] = cause.starts_at
+    return attrs
+
+
 # -- the API server's side: one capture span per capture window -------------------------------------
 def record_from_verdict(capture_id: str, started_at: float, ended_at: float, verdict: Verdict | None,
                         base_url: str, window_state: str, request_id: str | None = None) -> CaptureRecord:
@@ -88,7 +105,8 @@ def record_from_verdict(capture_id: str, started_at: float, ended_at: float, ver
         capture_id=capture_id, state=verdict.state, started_at=started_at, ended_at=ended_at,
         steps=verdict.steps, processes=verdict.processes, bytes=verdict.trace_bytes,
         trace_url=f"{base_url.rstrip('/')}{verdict.trace}" if verdict.trace else None,
-        error=verdict.reason if verdict.state == "failed" else None, request_id=request_id)
+        error=verdict.reason if verdict.state == "failed" else None, request_id=request_id,
+        started_by=verdict.started_by)
 
 
 class CaptureSpans:

@@ -179,7 +179,7 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     assert status["state"] == "done", status
     assert list(status) == ["id", "state", "reason", "notes", "steps", "start_step", "start_steps", "delay", "created_at",
                             "finished_at", "headline", "trace", "trace_bytes", "summary", "processes", "trigger",
-                            "request", "files", "options"]
+                            "alert", "request", "files", "options"]
     assert status["trace"] == f"/profile/{capture_id}/trace" and status["start_step"] == 14 and status["delay"] == 2
     stem = worker.identity.file_stem
     assert status["files"][f"{stem}.pt.trace.json.gz"] == f"/profile/{capture_id}/files/{stem}.pt.trace.json.gz"
@@ -199,8 +199,8 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     # token has to go to the HTTP API for it).
     for probe in (core, worker):
         told = await probe.receive(Verdict)
-        assert (told.job_id, told.state, told.steps, told.processes, told.trace_bytes, told.trace) == (
-            capture_id, "done", 1, 2, status["trace_bytes"], f"/profile/{capture_id}/trace")
+        assert (told.job_id, told.state, told.steps, told.processes, told.trace_bytes, told.trace, told.started_by) == (
+            capture_id, "done", 1, 2, status["trace_bytes"], f"/profile/{capture_id}/trace", None)
     saved = (tmp_path / "traces" / "captures" / capture_id / "capture.json").read_text()
     assert saved == json.dumps(status, indent=1), "capture.json holds what GET /profile/{id} serves"
     assert (await client.get(status["trace"])).status == 200

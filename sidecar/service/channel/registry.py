@@ -1,4 +1,10 @@
-"""Engine processes currently connected to the sidecar over the probe channel."""
+"""Engine processes currently connected to the sidecar over the probe channel.
+
+The registry also holds the step alarm (issue 30): the lowest threshold of the single-event step
+rules (sidecar/service/incidents/step_alarm.py), which each probe that asked for it (``hello.step_alarm``) is
+sent after its handshake and again whenever it changes, so that its link thread reports a step over
+it as soon as the step ends (sidecar/probe/heartbeat.py) rather than at the next 2 s heartbeat.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from ...common.protocol import FromSidecar, Heartbeat, InFlight, ProcessIdentity
+from ...common.protocol import FromSidecar, Heartbeat, InFlight, ProcessIdentity, StepAlarm
 from ...common.protocol_codec import encode
 from .clock_sync import ClockEstimate
 from .watch_reports import watch_report_problem
@@ -77,6 +83,10 @@ class ProbeConnection:
     # The sidecar sees its marker file: it reads the files the probe names; else it fetches them
     # over the channel (file_fetch.py), whose chunks wait here by (file, offset).
     shares_files: bool = True
+    # Its hello said it acts on the step alarm, and the threshold it was last sent (None: none, as a
+    # probe starts each connection).
+    step_alarm: bool = False
+    step_alarm_sent: float | None = None
     chunk_waiters: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False)
     # (count, when received): what the next rate is measured from.
     _baseline: tuple[int, float] | None = field(default=None, init=False, repr=False)
@@ -156,6 +166,8 @@ class ProbeRegistry:
         self._listeners: list[HeartbeatListener] = []
         self._lost: OrderedDict[tuple, LostProcess] = OrderedDict()  # oldest first
         self._returned = asyncio.Event()
+        self._step_alarm_ms: float | None = None
+        self._alarm_sender: asyncio.Task | None = None
 
     def on_heartbeat(self, listener: HeartbeatListener) -> None:
         """Call ``listener(conn, arrived)`` after each heartbeat is taken (``arrived``: ``time.monotonic()``
@@ -171,12 +183,54 @@ class ProbeRegistry:
             except Exception:  # a listener's fault must not cut the probe's connection
                 log.exception("heartbeat listener failed")
 
-    def add(self, identity: ProcessIdentity, ws: ProbeSocket, shares_files: bool = True) -> ProbeConnection:
-        conn = ProbeConnection(next(self._ids), identity, ws, shares_files=shares_files)
+    def add(self, identity: ProcessIdentity, ws: ProbeSocket, shares_files: bool = True,
+            step_alarm: bool = False) -> ProbeConnection:
+        """A probe that proved it knows the token. ``step_alarm``: its hello says it acts on the step
+        alarm, which it is sent now if one is set."""
+        conn = ProbeConnection(next(self._ids), identity, ws, shares_files=shares_files, step_alarm=step_alarm)
         self._probes[conn.id] = conn
         if self._lost.pop(_process_key(identity), None) is not None:
             self._returned.set()
+        self._send_step_alarms()
         return conn
+
+    # -- the step alarm ----------------------------------------------------------------------------
+    @property
+    def step_alarm_ms(self) -> float | None:
+        return self._step_alarm_ms
+
+    def set_step_alarm(self, threshold_ms: float | None) -> None:
+        """The lowest threshold of the single-event step rules (None: none). Every connected probe
+        that acts on it is sent the new value (from a task: this is called from the trigger routes,
+        synchronously); a probe that connects later is sent it after its handshake. Sends only what
+        changed: a probe is never sent the value it has."""
+        self._step_alarm_ms = threshold_ms
+        self._send_step_alarms()
+
+    def _behind(self) -> list[ProbeConnection]:
+        return [c for c in self._probes.values() if c.step_alarm and c.step_alarm_sent != self._step_alarm_ms]
+
+    def _send_step_alarms(self) -> None:
+        if self._alarm_sender is not None and not self._alarm_sender.done():
+            return  # the running sender goes on until every probe has the latest value
+        if not self._behind():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (an app being built): no probe is connected yet either
+            return
+        self._alarm_sender = loop.create_task(self._alarm_sends())
+
+    async def _alarm_sends(self) -> None:
+        """Until every probe has the current value: one task at a time, so that the last value set is
+        the last sent to each probe, however quickly rules come and go."""
+        while behind := self._behind():
+            value = self._step_alarm_ms
+            for conn in behind:
+                conn.step_alarm_sent = value
+            # All at once: a probe slow to take a frame does not hold up the others.
+            await asyncio.gather(*(conn.send(StepAlarm(threshold_ms=value)) for conn in behind),
+                                 return_exceptions=True)
 
     def remove(self, conn: ProbeConnection) -> None:
         if self._probes.pop(conn.id, None) is None:

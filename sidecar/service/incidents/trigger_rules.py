@@ -75,7 +75,7 @@ class TriggerRule:
         return asdict(self)
 
 
-def _number(body: dict, name: str, lo: float, hi: float, prefix: str, *, integer: bool = False,
+def number_field(body: dict, name: str, lo: float, hi: float, prefix: str, *, integer: bool = False,
             low_open: bool = False) -> float:
     value = body[name]
     # JSON's true is a Python int: not a number here. NaN and Infinity parse too (json.loads).
@@ -89,7 +89,7 @@ def _number(body: dict, name: str, lo: float, hi: float, prefix: str, *, integer
     return int(value) if integer else float(value)
 
 
-def _reject_unknown(body: dict, known: tuple[str, ...], prefix: str) -> None:
+def reject_unknown_fields(body: dict, known: tuple[str, ...], prefix: str) -> None:
     unknown = [k for k in body if k not in known]
     if unknown:
         raise ParamError(prefix + str(unknown[0]), f"unknown field; known: {', '.join(known)}")
@@ -100,10 +100,10 @@ def parse_action(raw: Any, max_steps: int, prefix: str = "action.") -> TriggerAc
         return TriggerAction(capture_steps=min(DEFAULT_CAPTURE_STEPS, max_steps))
     if not isinstance(raw, dict):
         raise ParamError(prefix.rstrip("."), "must be a JSON object")
-    _reject_unknown(raw, ACTION_KEYS, prefix)
-    steps = _number(raw, "capture_steps", 0, max_steps, prefix, integer=True) if "capture_steps" in raw \
+    reject_unknown_fields(raw, ACTION_KEYS, prefix)
+    steps = number_field(raw, "capture_steps", 0, max_steps, prefix, integer=True) if "capture_steps" in raw \
         else min(DEFAULT_CAPTURE_STEPS, max_steps)
-    seconds = _number(raw, "recorder_seconds", 0, MAX_QUERY_SECONDS, prefix) if "recorder_seconds" in raw \
+    seconds = number_field(raw, "recorder_seconds", 0, MAX_QUERY_SECONDS, prefix) if "recorder_seconds" in raw \
         else DEFAULT_RECORDER_SECONDS
     scan = raw.get("sync_scan", False)
     if not isinstance(scan, bool):
@@ -119,7 +119,7 @@ def parse_rule(body: Any, max_steps: int, prefix: str = "") -> TriggerRule:
     """One rule from its JSON object. ``prefix`` goes before every field name an error names."""
     if not isinstance(body, dict):
         raise ParamError(prefix.rstrip(".") or "body", "must be a JSON object (a trigger rule)")
-    _reject_unknown(body, RULE_KEYS, prefix)
+    reject_unknown_fields(body, RULE_KEYS, prefix)
     metric = body.get("metric")
     if metric is None:
         raise ParamError(prefix + "metric", f"is required: one of {', '.join(METRICS)}")
@@ -127,13 +127,13 @@ def parse_rule(body: Any, max_steps: int, prefix: str = "") -> TriggerRule:
         raise ParamError(prefix + "metric", f"unknown metric {json.dumps(metric)}; use one of {', '.join(METRICS)}")
     if "threshold_ms" not in body:
         raise ParamError(prefix + "threshold_ms", "is required")
-    threshold = _number(body, "threshold_ms", 0, MAX_THRESHOLD_MS, prefix, low_open=True)
+    threshold = number_field(body, "threshold_ms", 0, MAX_THRESHOLD_MS, prefix, low_open=True)
     percentile = window = min_count = None
     if "percentile" in body:
-        percentile = _number(body, "percentile", MIN_PERCENTILE, MAX_PERCENTILE, prefix)
-        window = _number(body, "window_s", MIN_WINDOW_S, MAX_WINDOW_S, prefix) if "window_s" in body \
+        percentile = number_field(body, "percentile", MIN_PERCENTILE, MAX_PERCENTILE, prefix)
+        window = number_field(body, "window_s", MIN_WINDOW_S, MAX_WINDOW_S, prefix) if "window_s" in body \
             else DEFAULT_WINDOW_S
-        min_count = _number(body, "min_count", 1, MAX_MIN_COUNT, prefix, integer=True) if "min_count" in body \
+        min_count = number_field(body, "min_count", 1, MAX_MIN_COUNT, prefix, integer=True) if "min_count" in body \
             else DEFAULT_MIN_COUNT
     else:
         for name in ("window_s", "min_count"):
@@ -150,9 +150,9 @@ def parse_rule(body: Any, max_steps: int, prefix: str = "") -> TriggerRule:
     return TriggerRule(
         name=name.strip(), metric=metric, threshold_ms=threshold, percentile=percentile, window_s=window,
         min_count=min_count, action=parse_action(body.get("action"), max_steps, prefix + "action."),
-        cooldown_s=_number(body, "cooldown_s", 1, MAX_COOLDOWN_S, prefix) if "cooldown_s" in body
+        cooldown_s=number_field(body, "cooldown_s", 1, MAX_COOLDOWN_S, prefix) if "cooldown_s" in body
         else DEFAULT_COOLDOWN_S,
-        budget_per_hour=_number(body, "budget_per_hour", 1, MAX_BUDGET, prefix, integer=True)
+        budget_per_hour=number_field(body, "budget_per_hour", 1, MAX_BUDGET, prefix, integer=True)
         if "budget_per_hour" in body else DEFAULT_BUDGET,
     )
 

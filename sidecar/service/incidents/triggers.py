@@ -9,10 +9,11 @@ as ``arm_latency_ms`` on each firing.
 
 A breach that the limits refuse (trigger_limits.py) is recorded ``skipped`` with the reason (repeats
 of one reason in a row are one record with a count, so that a long breach does not push the real
-firings out of the list). A firing starts the capture first (``CaptureManager.start``: armed when
-it returns; another job running: ``skipped: busy`` for the capture), then saves the flight recorder's
-last seconds to ``<trace dir>/triggers/<firing id>.recorder.json.gz`` (the newest ``KEEP_DUMPS``
-kept), then runs the sync scan once the capture has ended. Each firing, fired or skipped, counts in
+firings out of the list). A firing runs its action as every firing does (firing.py, shared with the
+alerts): the capture first (armed when ``CaptureManager.start`` returns; another job running:
+``capture_skipped: busy``), then the flight recorder's last seconds saved to
+``<trace dir>/triggers/<firing id>.recorder.json.gz`` (the newest ``firing.KEEP_DUMPS`` kept), then the sync
+scan once the capture has ended. Each firing, fired or skipped, counts in
 ``sidecar_trigger_firings_total{trigger, outcome}`` and is a ``trigger_firing`` span; a deleted
 trigger's series leave /metrics with it.
 """
@@ -20,9 +21,7 @@ trigger's series leave /metrics with it.
 from __future__ import annotations
 
 import asyncio
-import gzip
-import json
-import logging
+import functools
 import secrets
 import time
 from collections import deque
@@ -33,25 +32,19 @@ from typing import Any
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter
 
-from . import recorder_view
-from ..jobs.captures import CaptureManager
+from ..jobs.captures import Capture, CaptureManager
+from .firing import FIRING_FIELDS, FiringContext, run_firing
 from .histogram_window import HistogramWindows
-from ..jobs.model import JobBusy, NoProbes
-from ..jobs.params import CaptureRequest, ParamError, ScanRequest
+from ..jobs.params import ParamError
 from ..channel.queries import QueryBroker
-from .recorder_dump import gather_recording
 from ..channel.registry import ProbeConnection, ProbeRegistry
 from ..jobs.scans import ScanManager
 from .trigger_limits import FiringLimits
 from .trigger_rules import MAX_WINDOW_S, METRICS, TriggerRule
 
-log = logging.getLogger(__name__)
-
 KEEP_FIRINGS = 20  # per trigger, in GET /triggers/{id}
-KEEP_DUMPS = 20  # recorder dumps of firings kept on disk, all triggers together
 MAX_TRIGGERS = 100
 SPAN_NAME = "trigger_firing"
-DUMP_SUFFIX = ".recorder.json.gz"
 OUTCOMES = ("fired", "skipped")  # the outcome label of sidecar_trigger_firings_total
 
 
@@ -86,6 +79,11 @@ class Triggers:
                                 ["trigger", "outcome"], registry=metrics)
         self._tracer = trace.get_tracer("inference-sidecar")
         registry.on_heartbeat(self.observe_heartbeat)
+        from .step_alarm import step_alarm_teller  # the probes' step alarm (issue 30): kept in its own module
+
+        # Each probe reports a step over the lowest single-event threshold as soon as it ends: told on every change.
+        self._tell_step_alarm = step_alarm_teller(registry, self._triggers)
+        self._tell_step_alarm()
 
     # -- the rules ---------------------------------------------------------------------------------
     def add(self, rule: TriggerRule) -> Trigger:
@@ -96,6 +94,7 @@ class Triggers:
         self._triggers[trigger.id] = trigger
         for outcome in OUTCOMES:  # from 0, so that rate() has a start
             self._firings.labels(trigger=trigger.id, outcome=outcome)
+        self._tell_step_alarm()
         return trigger
 
     def get(self, trigger_id: str) -> Trigger | None:
@@ -111,6 +110,7 @@ class Triggers:
         if trigger is not None:
             for outcome in OUTCOMES:
                 self._firings.remove(trigger.id, outcome)
+            self._tell_step_alarm()
         return trigger
 
     async def close(self) -> None:
@@ -165,16 +165,28 @@ class Triggers:
             "id": f"{trigger.id}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}",
             "at": time.time(), "outcome": "fired", "reason": None, "trigger": trigger.id, "name": rule.name,
             "metric": rule.metric, "percentile": rule.percentile, "observed_ms": round(value_ms, 3),
-            "threshold_ms": rule.threshold_ms, **detail,
-            "capture": None, "capture_skipped": None, "arm_latency_ms": None,
-            "recorder": None, "recorder_error": None, "scan": None, "scan_skipped": None,
+            "threshold_ms": rule.threshold_ms, **detail, **dict.fromkeys(FIRING_FIELDS),
         }
         trigger.firings.append(firing)
         trigger.counts["fired"] += 1
         self._firings.labels(trigger=trigger.id, outcome="fired").inc()
-        task = asyncio.get_running_loop().create_task(self._fire(trigger, firing, arrived))
+        trigger_json = {k: firing[k] for k in ("trigger", "name", "metric", "percentile", "observed_ms",
+                                              "threshold_ms", "at")}
+        trigger_json["firing"] = firing["id"]
+
+        def started_by(capture: Capture) -> None:  # in capture.json at its next save, and GET /profile/{id} now
+            capture.trigger = trigger_json
+
+        task = asyncio.get_running_loop().create_task(run_firing(
+            self._firing_context, firing, rule.action, arrived, started_by=started_by,
+            finished=lambda f: self._span(trigger, f)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    @functools.cached_property
+    def _firing_context(self) -> FiringContext:
+        return FiringContext(registry=self._registry, captures=self._captures, scans=self._scans,
+                             queries=self._queries, dump_dir=self._dir)
 
     def _skip(self, trigger: Trigger, reason: str, value_ms: float, detail: dict[str, Any]) -> None:
         trigger.counts["skipped"] += 1
@@ -191,70 +203,6 @@ class Triggers:
                                 "threshold_ms": trigger.rule.threshold_ms, **detail})
         self._span(trigger, trigger.firings[-1])
 
-    async def _fire(self, trigger: Trigger, firing: dict[str, Any], arrived: float) -> None:
-        action = trigger.rule.action
-        capture = None
-        try:
-            if action.capture_steps:
-                capture = await self._capture(firing, action.capture_steps, arrived)
-            if action.recorder_seconds:
-                await self._save_recording(firing, action.recorder_seconds)
-            if action.sync_scan:
-                if capture is not None:
-                    await capture.done_event.wait()
-                await self._scan(firing, action.capture_steps)
-        except Exception as exc:  # a firing's fault must never reach the event loop's other work
-            log.exception("trigger %s: firing %s failed", trigger.id, firing["id"])
-            firing["reason"] = f"failed: {exc}"
-        finally:
-            self._span(trigger, firing)
-
-    async def _capture(self, firing: dict[str, Any], steps: int, arrived: float):
-        trigger_json = {k: firing[k] for k in ("trigger", "name", "metric", "percentile", "observed_ms",
-                                              "threshold_ms", "at")}
-        trigger_json["firing"] = firing["id"]
-        try:
-            capture = await self._captures.start(CaptureRequest(steps=steps))
-        except JobBusy as exc:
-            firing["capture_skipped"] = f"busy: {exc}"
-            return None
-        except (NoProbes, ParamError, OSError) as exc:
-            firing["capture_skipped"] = str(exc)
-            return None
-        except Exception as exc:  # e.g. the disk-space floor (507 on /profile/start)
-            firing["capture_skipped"] = f"{type(exc).__name__}: {exc}"
-            return None
-        firing["arm_latency_ms"] = round((time.monotonic() - arrived) * 1000, 3)
-        firing["capture"] = capture.id
-        capture.trigger = trigger_json  # in capture.json at its next save, and GET /profile/{id} now
-        return capture
-
-    async def _save_recording(self, firing: dict[str, Any], seconds: float) -> None:
-        conns = self._registry.all()
-        if not conns:
-            firing["recorder_error"] = "no engine process is connected"
-            return
-        answers, since_ns, until_ns = await gather_recording(self._queries, conns, seconds)
-        path = self._dir / (firing["id"] + DUMP_SUFFIX)
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(None, _write_recording, path, answers, since_ns, until_ns)
-        except OSError as exc:
-            firing["recorder_error"] = f"not saved: {exc}"
-            return
-        firing["recorder"] = str(path)
-
-    async def _scan(self, firing: dict[str, Any], steps: int) -> None:
-        try:
-            scan = await self._scans.start(ScanRequest(steps=steps))
-        except JobBusy as exc:
-            firing["scan_skipped"] = f"busy: {exc}"
-            return
-        except Exception as exc:
-            firing["scan_skipped"] = f"{type(exc).__name__}: {exc}"
-            return
-        firing["scan"] = scan.id
-
     def _span(self, trigger: Trigger, firing: dict[str, Any]) -> None:
         attributes = {"sidecar.trigger.id": trigger.id, "sidecar.trigger.name": trigger.rule.name,
                       "sidecar.trigger.metric": trigger.rule.metric, "sidecar.trigger.outcome": firing["outcome"],
@@ -268,15 +216,3 @@ class Triggers:
         span = self._tracer.start_span(SPAN_NAME, start_time=int(firing["at"] * 1e9), attributes=attributes)
         span.end()
 
-
-def _write_recording(path: Path, answers: list, since_ns: int, until_ns: int) -> None:
-    """The merged recording as gzip JSON, written whole (a temporary renamed), then the oldest dumps
-    past ``KEEP_DUMPS`` removed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = gzip.compress(json.dumps(recorder_view.merge(answers, since_ns, until_ns), separators=(",", ":")).encode(), 5)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    dumps = sorted(path.parent.glob("*" + DUMP_SUFFIX), key=lambda p: p.stat().st_mtime)
-    for old in dumps[:-KEEP_DUMPS]:
-        old.unlink(missing_ok=True)

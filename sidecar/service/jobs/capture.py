@@ -70,6 +70,7 @@ class Capture(Job):
     summary_file: str | None = None
     window_stop_sent: bool = False
     trigger: dict[str, Any] | None = None  # the trigger firing that started it (triggers.py); None: a user did
+    alert: dict[str, Any] | None = None  # the Alertmanager alert that started it (alerts.py); None: none did
     # The request it is bound to: {"id", "max_steps", "asked_by"} (request_captures.py); None: not bound.
     bound_request: dict[str, Any] | None = None
     # Files being fetched from processes that do not share the sidecar's disk (file_fetch.py): the
@@ -111,6 +112,7 @@ class Capture(Job):
             "summary": f"{url}/summary" if self.summary_file else None,
             "processes": [p.to_json() for p in self.processes],
             "trigger": self.trigger,
+            "alert": self.alert,
             "request": self.bound_request,
             "files": {name: f"{url}/files/{name}" for name in self.files()},
             "options": {

@@ -84,6 +84,7 @@ def from_json(folder: Path, data: dict[str, Any], *, interrupted: bool) -> Captu
         created_at=float(data.get("created_at") or id_time(CAPTURE, folder.name) or _mtime(folder)),
         finished_at=_mtime(folder) if interrupted else data.get("finished_at"),
         trigger=data.get("trigger") if isinstance(data.get("trigger"), dict) else None,
+        alert=data.get("alert") if isinstance(data.get("alert"), dict) else None,
         bound_request=data.get("request") if isinstance(data.get("request"), dict) else None,
     )
     if not interrupted:

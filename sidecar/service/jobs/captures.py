@@ -25,7 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ...common.protocol import P_DONE, P_FAILED, REQUEST_ENDED, Arm, CaptureReport, Verdict
+from ...common.protocol import (MAX_ALERT_LABELS, P_DONE, P_FAILED, REQUEST_ENDED, Arm, CaptureReport, StartedBy,
+                                Verdict)
 from ...common.step_window import clip
 from ...stacks import samples_file as stack_samples
 from . import arming
@@ -151,7 +152,7 @@ class CaptureManager(JobManager[Capture]):
         return Verdict(
             job_id=capture.id, state=capture.state, reason=clip(capture.reason) if capture.reason else None,
             steps=min(driven) if driven else 0, processes=len(capture.processes), trace_bytes=capture.trace_bytes,
-            trace=f"{capture_url(capture.id)}/trace" if capture.trace_file else None)
+            trace=f"{capture_url(capture.id)}/trace" if capture.trace_file else None, started_by=started_by(capture))
 
     async def _cancel(self, capture: Capture) -> None:
         # Only the API server's window can have recorded: time, no engine step. Its raw file is
@@ -220,6 +221,20 @@ class CaptureManager(JobManager[Capture]):
 
     def _footprint(self, capture: Capture) -> int:
         return disk_space.tree_bytes(capture.dir)
+
+
+def started_by(capture: Capture) -> StartedBy | None:
+    """The trigger or the alert that started ``capture``, as its verdict names it (None: a client did)."""
+    if capture.alert:
+        alert = capture.alert
+        return StartedBy(kind="alert", name=clip(str(alert.get("name") or "")), id=clip(str(alert.get("fingerprint") or "")),
+                         starts_at=clip(str(alert.get("starts_at") or "")) or None,
+                         labels={clip(str(k)): clip(str(v))
+                                 for k, v in list((alert.get("labels") or {}).items())[:MAX_ALERT_LABELS]})
+    if capture.trigger:
+        trigger = capture.trigger
+        return StartedBy(kind="trigger", name=clip(str(trigger.get("name") or "")), id=clip(str(trigger.get("trigger") or "")))
+    return None
 
 
 def _judge_by_the_request(capture: Capture) -> None:

@@ -85,6 +85,7 @@ def _captures(captures: list[dict]) -> str:
             links.append(_download("summary", c["summary"], f"{c['id']}-summary.json"))
         links.append(_download("JSON", f"/profile/{ident}", f"{c['id']}.json"))
         by = "trigger " + str(c["trigger"].get("name") or c["trigger"].get("trigger")) if c.get("trigger") else \
+            "alert " + str(c["alert"].get("name") or c["alert"].get("fingerprint")) if c.get("alert") else \
             "request " + str(c["request"].get("id")) if c.get("request") else "user"
         what = c.get("headline") or c.get("reason") or ""
         rows.append((tag("span", esc(c["id"]), class_="id"), _state(c["state"]), when(c.get("created_at")),

@@ -12,6 +12,7 @@ package besides the shell (sidecar.service) that imports aiohttp.
     modules        ``/modules/*`` and ``/modules``
     incidents      ``/recorder``, ``/stacks`` and ``/requests``
     triggers       ``/triggers``
+    alerts         ``/alerts``: Alertmanager's webhook, and what came of it
     pages          ``GET /`` and ``GET /profile/{id}/report``; the page a browser gets for a 401
     metrics        ``POST /v1/metrics`` (signed pushes) and ``GET /metrics``
     probe_channel  the probe websocket (handshake, typed frames) and ``GET /processes``

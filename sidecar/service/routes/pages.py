@@ -117,7 +117,7 @@ def _render_report(capture: Capture) -> str:
     summary = {**summary, "warnings": notes + list(capture.notes) + list(summary.get("warnings", []))}
     subtitle = f"{status['state']} · {status['steps']} steps · " + ", ".join(p.label for p in capture.processes)
     return render_capture_report(summary, title=f"Capture {capture.id}", subtitle=subtitle,
-                                 downloads=capture_links(capture), interactive=True)
+                                 downloads=capture_links(capture), interactive=True, capture=status)
 
 
 async def report(request: web.Request) -> web.Response:

@@ -9,7 +9,8 @@ else, or a wrong proof, is refused with 4400 and logged, and only a probe whose 
 registered and sent anything more. Every later frame is decoded and validated as a whole
 (``protocol_codec.decode_from_probe``) before anything of it is applied; a malformed one is logged and
 dropped, and the connection goes on. Clock probes go out from the moment a probe is registered
-(sidecar/service/channel/clock_sync.py) and their replies feed its clock estimate. Heartbeats update the process's step count and sync watch;
+(sidecar/service/channel/clock_sync.py) and their replies feed its clock estimate. The step alarm goes out then
+too, where the hello asks for it and a single-event step rule exists (sidecar/service/channel/registry.py). Heartbeats update the process's step count and sync watch;
 job reports go to the job board, which routes them by job id; a request's ask for a capture (and its
 release) to sidecar/service/jobs/request_captures.py.
 
@@ -79,7 +80,8 @@ async def _session(request: web.Request, ws: web.WebSocketResponse) -> None:
     if not await _authenticate(ws, hello, app[SETTINGS].probe_token, request.remote):
         return
     shared = file_fetch.shares_files(hello.files_at, hello.marker, PROBE_MARKERS_DIR)
-    conn = app[REGISTRY].add(hello.process, ws, shares_files=shared)
+    # A probe whose hello says step_alarm is sent the rules' lowest step threshold now (registry.py).
+    conn = app[REGISTRY].add(hello.process, ws, shares_files=shared, step_alarm=hello.step_alarm)
     log.info("probe connected: %s%s", conn.identity.label, "" if shared else " (its files come over the channel)")
     clock = asyncio.ensure_future(keep_probing(conn.clock, conn.send))
     try:

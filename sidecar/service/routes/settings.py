@@ -22,6 +22,10 @@ class ServiceSettings:
     min_free_bytes: int = MIN_FREE_BYTES  # a capture is refused (507) below this much free space
     stop_grace_s: float = STOP_GRACE_S  # how long stopped processes get to report before they count as lost
     triggers: tuple[Any, ...] = ()  # TriggerRule: installed at start (sidecar serve --triggers FILE)
+    # AlertAction: what POST /alerts acts on (sidecar serve --alert-actions FILE; none: every alert is skipped),
+    # and the instance label values that name this sidecar's server (--alert-instance; none: derived).
+    alert_actions: tuple[Any, ...] = ()
+    alert_instances: tuple[str, ...] = ()
     # Host names a browser may use to reach the sidecar besides loopback names and IP addresses
     # (sidecar serve --allowed-host; sidecar/service/browser_guard.py): anything else is a DNS-rebinding page's.
     allowed_hosts: tuple[str, ...] = ()

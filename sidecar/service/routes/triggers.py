@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
 from .keys import SETTINGS, TRIGGERS
-from ..jobs.params import ParamError
-from .request_body import JSON
+from .request_body import json_body
 from ..incidents.trigger_rules import parse_rule
 from ..incidents.triggers import Trigger
-
-
-async def _rule_body(request: web.Request):
-    if request.content_type != JSON:
-        raise web.HTTPUnsupportedMediaType(text=f"send the rule as a JSON object ({JSON})")
-    try:
-        raw = await request.read()
-    except web.RequestPayloadError as exc:  # a Content-Encoding the body does not have, a broken chunk
-        raise ParamError("body", f"could not be read: {exc.__cause__ or exc}") from None
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except RecursionError:
-        raise ParamError("body", "invalid JSON: nested too deep") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ParamError("body", f"invalid JSON: {exc}") from None
 
 
 def _trigger_or_404(request: web.Request) -> Trigger:
@@ -37,7 +19,7 @@ def _trigger_or_404(request: web.Request) -> Trigger:
 
 
 async def create_trigger(request: web.Request) -> web.Response:
-    rule = parse_rule(await _rule_body(request), request.app[SETTINGS].max_steps)
+    rule = parse_rule(await json_body(request, "the rule"), request.app[SETTINGS].max_steps)
     trigger = request.app[TRIGGERS].add(rule)
     return web.json_response(trigger.to_json(with_firings=True), status=201,
                              headers={"Location": f"/triggers/{trigger.id}"})
