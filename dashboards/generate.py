@@ -5,7 +5,9 @@ Every query uses the Prometheus names the sidecar's /metrics serves (docs/teleme
 tests/telemetry/test_prometheus.py runs them, the annotation queries included, against a real Prometheus.
 
 The latency panels link to Jaeger's trace search (the engine's service, the dashboard's time range,
-a minimum duration where the panel's value bounds the request); the time axis carries annotations for
+a minimum duration where the panel's value bounds the request) and show exemplars, each linking to its
+request's trace through the Prometheus data source's ``exemplarTraceIdDestinations``
+(deploy/grafana/provisioning/datasources/datasources.yaml); the time axis carries annotations for
 captures and trigger firings.
 """
 

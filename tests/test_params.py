@@ -156,3 +156,38 @@ def test_numbers_are_ascii_digits_only(params, param):
 ])
 def test_plain_ascii_numbers_are_still_accepted(params, field, value):
     assert getattr(parse(**params), field) == value
+
+
+# -- /recorder's time range (start_ms, duration_ms): a span's own range, from a trace backend's link -------
+NOW_NS = 1_800_000_000_000_000_000
+
+
+def recorder(**params):
+    from sidecar.service.jobs.params import parse_recorder_request
+    return parse_recorder_request({k: str(v) for k, v in params.items()}, now_ns=NOW_NS)
+
+
+def test_a_recorder_range_reaches_back_to_its_start_and_is_cut_to_it():
+    start_ms = NOW_NS / 1e6 - 90_000
+    req = recorder(start_ms=start_ms, duration_ms=2500)
+    assert req.window_ns == (int(start_ms * 1e6), int(start_ms * 1e6) + 2_500_000_000)
+    assert req.seconds == pytest.approx(90.0)
+    assert recorder(start_ms=start_ms).window_ns[1] == int(start_ms * 1e6), "no duration: the instant"
+    # A range running past now ends now; a start a little ahead (another host's clock) starts now.
+    assert recorder(start_ms=start_ms, duration_ms=3_600_000).window_ns[1] == NOW_NS
+    assert recorder(start_ms=NOW_NS / 1e6 + 5_000).window_ns == (NOW_NS, NOW_NS)
+    assert recorder().window_ns is None and recorder(seconds=30).seconds == 30
+
+
+@pytest.mark.parametrize("params, param", [
+    ({"start_ms": "x"}, "start_ms"),
+    ({"start_ms": NOW_NS / 1e6 - 3_601_000}, "start_ms"),  # beyond what the rings reach
+    ({"start_ms": NOW_NS / 1e6 + 120_000}, "start_ms"),  # far in the future
+    ({"duration_ms": 1000}, "start_ms"),
+    ({"start_ms": NOW_NS / 1e6, "duration_ms": -1}, "duration_ms"),
+    ({"start_ms": NOW_NS / 1e6, "seconds": 30}, "seconds"),
+])
+def test_a_bad_recorder_range_names_its_parameter(params, param):
+    with pytest.raises(ParamError) as err:
+        recorder(**params)
+    assert err.value.param == param

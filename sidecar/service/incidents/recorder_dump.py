@@ -34,22 +34,27 @@ SLOT_WAIT_S = MAX_SAMPLE_SECONDS + 2 * RECORDER_TIMEOUT_S
 
 
 async def gather_recording(queries: QueryBroker, conns: list, seconds: float, *,
-                           slot_wait_s: float = SLOT_WAIT_S) -> tuple[list, int, int]:
+                           slot_wait_s: float = SLOT_WAIT_S,
+                           window_ns: tuple[int, int] | None = None) -> tuple[list, int, int]:
     """(answers as recorder_view.merge takes them: (process JSON, dump or None, error or None), since_ns,
     until_ns) of the last ``seconds`` of ``conns``.
 
     ``slot_wait_s``: 0 (``GET /recorder``): ``query_slots.ProbesBusy`` at once when any process has a
     stacks or recorder query in flight. More (the default, a trigger's firing): wait up to that long for
-    the slots; a process still busy then is listed with a ``busy:`` error, as one that does not answer."""
-    until_ns = time.time_ns()
+    the slots; a process still busy then is listed with a ``busy:`` error, as one that does not answer.
+    ``window_ns``: (since, until) to cut the answers to instead of the last ``seconds`` (which must reach
+    back to its start)."""
+    asked_ns = until_ns = time.time_ns()
     since_ns = until_ns - int(seconds * 1e9)
+    if window_ns is not None:  # a range (GET /recorder?start_ms=): asked back to its start, cut to it
+        since_ns, until_ns = window_ns
     work = Work(f"a recorder dump of {seconds:g} s")
     if slot_wait_s <= 0:
         with queries.slots.hold(conns, work):
             got = await _ask(queries, conns, seconds)
         return [got[c.id] for c in conns], since_ns, until_ns
     async with queries.slots.hold_when_free(conns, work, slot_wait_s) as (free, busy):
-        waited_s = max(0.0, (time.time_ns() - until_ns) / 1e9)
+        waited_s = max(0.0, (time.time_ns() - asked_ns) / 1e9)
         # 0 asks for all the rings hold; any other length is widened by the wait (merge cuts it back).
         asked_s = min(MAX_QUERY_SECONDS, seconds + waited_s) if seconds else 0.0
         got = await _ask(queries, free, asked_s) if free else {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -294,6 +295,9 @@ class RecorderRequest:
     seconds: float = DEFAULT_RECORDER_SECONDS
     format: str = "json"
     processes: tuple[ProcessSelector, ...] = ()
+    # A time range instead of the last ``seconds`` (unix ns, start and end): a link from a span in a trace
+    # backend to the steps beside it. ``seconds`` then reaches back to its start.
+    window_ns: tuple[int, int] | None = None
 
     def selects(self, role: str, rank: int | None) -> bool:
         return not self.processes or any(s.matches(role, rank) for s in self.processes)
@@ -322,13 +326,46 @@ def _choice(params: Mapping[str, str], name: str, choices: tuple[str, ...]) -> s
     return value
 
 
-def parse_recorder_request(params: Mapping[str, str], connected_roles: Iterable[str] = ()) -> RecorderRequest:
-    _reject_unknown(params, {"seconds", "format", "processes"})
+def parse_recorder_request(params: Mapping[str, str], connected_roles: Iterable[str] = (), *,
+                           now_ns: int | None = None) -> RecorderRequest:
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    _reject_unknown(params, {"seconds", "format", "processes", "start_ms", "duration_ms"})
     seconds = DEFAULT_RECORDER_SECONDS
     if "seconds" in params:
         seconds = _number(params["seconds"], "seconds", 0.001, MAX_QUERY_SECONDS)
+    window_ns = _recorder_window(params, now_ns) if "start_ms" in params or "duration_ms" in params else None
+    if window_ns is not None:
+        if "seconds" in params:
+            raise ParamError("seconds", "give either seconds or start_ms (with duration_ms), not both")
+        seconds = max((now_ns - window_ns[0]) / 1e9, 0.001)
     return RecorderRequest(seconds=seconds, format=_choice(params, "format", RECORDER_FORMATS),
-                           processes=_processes(params.get("processes"), known_roles(connected_roles)))
+                           processes=_processes(params.get("processes"), known_roles(connected_roles)),
+                           window_ns=window_ns)
+
+
+# A span's start from another host's clock may be this far ahead of the sidecar's and still be taken.
+WINDOW_CLOCK_SLACK_S = 60.0
+
+
+def _recorder_window(params: Mapping[str, str], now_ns: int) -> tuple[int, int]:
+    """``start_ms`` (unix ms, as Grafana's trace view gives a span's start) and ``duration_ms`` (0 to
+    MAX_QUERY_SECONDS) → (start, end) in unix ns. The start must lie within the rings' reach (the last
+    MAX_QUERY_SECONDS) and not in the future: a range the recorder cannot hold is a 400, not an empty answer."""
+    if "start_ms" not in params:
+        raise ParamError("start_ms", "duration_ms needs start_ms (unix ms)")
+    start_ms = _parse_float(params["start_ms"])
+    if start_ms is None:
+        raise ParamError("start_ms", f"must be a number (unix ms), got {params['start_ms']!r}")
+    start_ns = int(start_ms * 1e6)
+    if start_ns > now_ns + int(WINDOW_CLOCK_SLACK_S * 1e9):
+        raise ParamError("start_ms", f"is {(start_ns - now_ns) / 1e9:.1f} s in the future of this sidecar's clock")
+    if start_ns < now_ns - int(MAX_QUERY_SECONDS * 1e9):
+        raise ParamError("start_ms", f"is {(now_ns - start_ns) / 1e9:.0f} s ago: the flight recorder reaches back "
+                                     f"{MAX_QUERY_SECONDS:g} s at most")
+    duration_ms = _number(params["duration_ms"], "duration_ms", 0, MAX_QUERY_SECONDS * 1000) \
+        if "duration_ms" in params else 0.0
+    start_ns = min(start_ns, now_ns)  # another host's clock a little ahead: the range starts now
+    return start_ns, min(start_ns + int(duration_ms * 1e6), now_ns)
 
 
 def parse_stacks_request(params: Mapping[str, str], connected_roles: Iterable[str] = ()) -> StacksRequest:

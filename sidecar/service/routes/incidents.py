@@ -85,7 +85,8 @@ async def recorder(request: web.Request) -> web.StreamResponse:
     req: RecorderRequest = parse_recorder_request(request.query, request.app[REGISTRY].roles())
     conns = _selected(request, req)
     try:
-        answers, since_ns, until_ns = await gather_recording(request.app[QUERIES], conns, req.seconds, slot_wait_s=0)
+        answers, since_ns, until_ns = await gather_recording(request.app[QUERIES], conns, req.seconds, slot_wait_s=0,
+                                                              window_ns=req.window_ns)
     except ProbesBusy as exc:
         return _busy(exc)
     refused = _refused_by_probes([(process["label"], error) for process, _, error in answers])
