@@ -49,7 +49,9 @@ test-sglang: install
 test-gpu: install
 	SIDECAR_GPU_TESTS=1 $(PY) -m pytest -q -ra tests/gpu
 
+# The alert chain's benchmark runs real Prometheus and Alertmanager, as the tests do.
 bench: install
+	@bash scripts/install-test-backends.sh
 	$(PY) benchmarks/run_all.py
 
 # Not part of test or bench: continuous traffic, captures, scans and sidecar restarts for
