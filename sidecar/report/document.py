@@ -34,20 +34,23 @@ def page(title: str, body: str, *, subtitle: str = "", interactive: bool = True,
     )
 
 
-def token_prompt(what: str) -> str:
+def token_prompt(what: str, *, download: bool = False) -> str:
     """What a browser gets instead of a page when the sidecar has a token and the request none: a form
     that asks for it (nothing of the page itself). The script keeps the token in this tab's
-    sessionStorage, fetches the page with it and shows it."""
+    sessionStorage, fetches the page with it and shows it. ``download``: the flight recorder's file
+    instead of a page (``data-download``): the script fetches this URL as JSON with the token and saves
+    the answer as a file, saying so (or the sidecar's error) beside the form."""
+    verb, button = ("download", "Download") if download else ("open", "Open")
     form = (
         "<form id=\"token-form\" class=\"start\" autocomplete=\"off\">"
         "<label for=\"token\">Token</label>"
         "<input id=\"token\" name=\"token\" type=\"password\" required autocomplete=\"off\">"
-        "<button type=\"submit\" class=\"wide\">Open</button><output class=\"wide\"></output></form>"
+        f"<button type=\"submit\" class=\"wide\">{button}</button><output class=\"wide\"></output></form>"
     )
-    body = tag("section", tag("p", f"This sidecar has a token: enter it to open {esc(what)}. "
+    body = tag("section", tag("p", f"This sidecar has a token: enter it to {verb} {esc(what)}. "
                                    "It is kept in this browser tab only (sessionStorage), sent in the "
                                    "<code>Authorization</code> header, never in a URL.") + form)
-    return page("inference-sidecar: token needed", body, data_locked=True)
+    return page("inference-sidecar: token needed", body, data_locked=True, data_download=download)
 
 
 def message_page(title: str, message: str) -> str:

@@ -3,7 +3,9 @@
 What it does, and only this: keeps the sidecar's token (when it has one) in this tab's sessionStorage,
 never in a URL or a cookie; sends it on every request the page makes; starts a capture or a scan by
 calling the JSON API as any client does (the API validates: its error is shown beside the form);
-downloads a trace or JSON with the token when links alone cannot; and refreshes the home page's live
+downloads a trace or JSON with the token when links alone cannot (and, on the prompt a browser sent to
+``/recorder`` gets, the flight recorder's file when the user presses Download, never on arrival:
+``fetchRecording``); and refreshes the home page's live
 section while a job runs. Without a token every link and form also works as plain HTML.
 
 The pages' Content-Security-Policy allows this script by its hash and no other (``SCRIPT_HASH``).
@@ -112,22 +114,68 @@ SCRIPT = r"""
     say(out, "ok", verb + " " + answer.id + " (" + answer.state + ")");
     refresh();
   }
+  function save(blob, name) {  // a Blob handed to the browser as a file
+    const url = URL.createObjectURL(blob);
+    const a = document.createElement("a");
+    a.href = url; a.download = name;
+    document.body.appendChild(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  }
   async function download(link) {
     const resp = await fetch(link.getAttribute("href"), {headers: headers()});
     if (!resp.ok) { alert(link.textContent + ": " + resp.status + " " + resp.statusText); return; }
-    const url = URL.createObjectURL(await resp.blob());
-    const a = document.createElement("a");
-    a.href = url; a.download = link.getAttribute("download") || "download";
-    document.body.appendChild(a); a.click(); a.remove();
-    setTimeout(() => URL.revokeObjectURL(url), 10000);
+    save(await resp.blob(), link.getAttribute("download") || "download");
+  }
+  function bytes(n) {
+    if (n < 1024) return n + " B";
+    return n < 1048576 ? (n / 1024).toFixed(1) + " KiB" : (n / 1048576).toFixed(1) + " MiB";
+  }
+  function recordingName() {  // recorder-<start ms>.trace.json (format=trace) or .json
+    const q = new URLSearchParams(location.search);
+    let start = (q.get("start_ms") || "").replace(/[^0-9.]/g, "").slice(0, 24);
+    if (!start) start = String(Math.round(Date.now() - 1000 * (Number(q.get("seconds")) || 120)));
+    return "recorder-" + start + (q.get("format") === "trace" ? ".trace.json" : ".json");
+  }
+  async function fetchRecording(out) {  // the prompt of /recorder: this URL as JSON, saved as a file
+    say(out, null, "Asking the flight recorder…");
+    let resp, blob;
+    try {
+      resp = await fetch(location.pathname + location.search,
+                         {headers: headers({"Accept": "application/json"}), cache: "no-store"});
+      if (resp.ok) blob = await resp.blob();
+    } catch (err) {
+      say(out, "error", "The sidecar did not answer: " + err);
+      return;
+    }
+    if (resp.status === 401) {  // the sidecar refused the token: ask again
+      sessionStorage.removeItem(KEY);
+      say(out, "error", "The sidecar refused this token.");
+      return;
+    }
+    if (!resp.ok) {  // the API's JSON error (a 400 naming its parameter, 429 busy, 503 no probes)
+      let text = resp.status + " " + resp.statusText;
+      try {
+        const answer = await resp.json();
+        if (answer && answer.message) text = (answer.param ? answer.param + ": " : "") + answer.message;
+      } catch (err) { /* not JSON: the status says it */ }
+      say(out, "error", text);
+      return;
+    }
+    const name = recordingName();
+    save(blob, name);
+    say(out, "ok", "Downloaded " + name + " (" + bytes(blob.size) + ").");
   }
   document.addEventListener("submit", (ev) => {
     const form = ev.target;
     if (form.id === "token-form") {
       ev.preventDefault();
-      sessionStorage.setItem(KEY, form.elements.token.value);
+      // On /recorder's prompt an empty field keeps the token this tab holds (the field is optional there).
+      if (form.elements.token.value || !document.body.hasAttribute("data-download")) {
+        sessionStorage.setItem(KEY, form.elements.token.value);
+      }
       form.elements.token.value = "";
-      unlock(form.querySelector("output"));
+      if (document.body.hasAttribute("data-download")) fetchRecording(form.querySelector("output"));
+      else unlock(form.querySelector("output"));
     } else if (form.dataset.api) {
       ev.preventDefault();
       post(form.dataset.api, fields(form), form.querySelector("output"), form, "Started");
@@ -140,7 +188,14 @@ SCRIPT = r"""
     if (button) post(button.dataset.post, {}, document.getElementById(button.dataset.out), null, "Stopped");
   });
   document.addEventListener("DOMContentLoaded", () => {
-    if (document.body.hasAttribute("data-locked") && token()) unlock(null);
+    const locked = document.body.hasAttribute("data-locked");
+    if (locked && token() && document.body.hasAttribute("data-download")) {
+      // Never on arrival: a link from another site must not set off a recorder dump in a tab that holds
+      // the token. The user's click on Download does.
+      const form = document.getElementById("token-form");
+      form.elements.token.required = false;
+      say(form.querySelector("output"), null, "This tab holds the sidecar's token: press Download (or enter another).");
+    } else if (locked && token()) unlock(null);
     else schedule();
   });
 })();

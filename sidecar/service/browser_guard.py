@@ -10,9 +10,10 @@ host can connect too, on behalf of any page it opens, so two attacks reach a loo
   state: an ``Origin`` that is not the sidecar's own, ``Sec-Fetch-Site`` other than ``same-origin`` or
   ``none``, a ``Referer`` from another origin where the browser sent neither of those, and a body type
   a page can send without a CORS preflight (form, multipart, text/plain). ``/stacks`` and ``/recorder``
-  count as acting: they make the engine work. Every other request that a browser marks as another
-  site's is refused too unless it is a top-level navigation (a link from Grafana to a capture's report
-  still opens).
+  count as acting: they make the engine work (except a link to ``/recorder`` on a sidecar with a
+  token: it gets the token prompt, and the engine works only after the user's click there). Every
+  other request that a browser marks as another site's is refused too unless it is a top-level
+  navigation (a link from Grafana to a capture's report still opens).
 - **DNS rebinding.** A page re-points its own host name at 127.0.0.1 and then reads the sidecar as
   "same origin". Its requests still name the page's host in ``Host``, so a ``Host`` that is neither a
   loopback name, an IP address, nor a name given with ``--allowed-host`` is refused (421) before any
@@ -43,6 +44,9 @@ START_PATHS = frozenset({"/profile/start", "/sync/start", "/modules/start"})
 # Reads that make the engine work (a stack sampler for up to a minute, py-spy pausing it, a recorder
 # dump of tens of MiB): a cross-site navigation must not set them off either.
 COSTLY_READS = frozenset({"/stacks", "/recorder"})
+# Costly reads a link from another site may still open where the sidecar has a token: what it opens is
+# the token prompt, whose own fetch (same-origin, after a click) makes the engine work.
+PROMPTED_DOWNLOADS = frozenset({"/recorder"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # What a page may send cross-site without a CORS preflight ("simple" requests, Fetch standard):
 # a state-changing request must arrive as something else (query parameters, or a JSON body).
@@ -138,6 +142,17 @@ def body_type_problem(request: web.Request) -> str | None:
     return None
 
 
+def _prompted_download(request: web.Request, token: str | None) -> bool:
+    """A link followed from another site (Grafana's trace view) to a recorder download, on a sidecar with
+    a token: a navigation carries no token, so the auth check answers it with the token prompt and the
+    engine does nothing; the download itself is the prompt's same-origin fetch after the user's click."""
+    headers = request.headers
+    return (bool(token) and request.method in ("GET", "HEAD") and _route_path(request) in PROMPTED_DOWNLOADS
+            and hdrs.AUTHORIZATION not in headers and "text/html" in headers.get(hdrs.ACCEPT, "")
+            and headers.get("Sec-Fetch-Mode", "").lower() == "navigate"
+            and headers.get("Sec-Fetch-Dest", "").lower() in TOP_LEVEL_DESTS)
+
+
 @web.middleware
 async def browser_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuses, before any handler runs, what a page in the user's browser must not do (module docstring)."""
@@ -154,6 +169,8 @@ async def browser_guard(request: web.Request, handler: Handler) -> web.StreamRes
     problem = cross_site_problem(request)
     if problem is None and changes_state(request):
         problem = body_type_problem(request)
+    if problem is not None and _prompted_download(request, settings.http_token):
+        problem = None  # the token check answers it with the prompt: no engine work (module docstring)
     if problem is not None:
         return json_error(403, "cross_site_request", f"refused: {problem}")
     return await handler(request)

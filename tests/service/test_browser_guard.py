@@ -149,6 +149,41 @@ async def test_a_link_from_another_site_cannot_make_the_engine_work(sidecar, pat
     assert resp.status != 403, await resp.text()  # typed into the address bar: served
 
 
+async def test_with_a_token_a_link_to_the_recorder_from_another_site_reaches_only_the_prompt(aiohttp_client,
+                                                                                             tmp_path):
+    """Grafana's span link to /recorder: with a token, the guard lets the navigation through to the token
+    check, whose answer is the prompt (the engine does nothing); everything else stays refused."""
+    token = "a-long-enough-test-token-0123456789"
+    app = _app(tmp_path, http_token=token)
+    client = await aiohttp_client(app)
+    probe = _QueryCountingProbe(app, "worker", 0)
+    html = {**CROSS_NAVIGATION, "Accept": "text/html"}
+    for site in ("cross-site", "same-site"):
+        resp = await client.get("/recorder?format=trace&seconds=30", headers={**html, "Sec-Fetch-Site": site})
+        assert resp.status == 401 and resp.content_type == "text/html", await resp.text()
+        assert "data-download" in await resp.text()
+    # Not a navigation, not asking for a page, another costly read, or presenting a token: refused as before.
+    for path, headers in [("/recorder?seconds=30", CROSS_NAVIGATION), ("/recorder?seconds=30", {**html,
+                          "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}), ("/stacks", html),
+                          ("/recorder?seconds=30", {**html, "Authorization": f"Bearer {token}"})]:
+        await refused(await client.get(path, headers=headers), 403, "cross_site_request")
+    assert probe.queries == [], "no query reached the engine"
+    # The count works: the same read with the token, from the sidecar's own page, asks the engine once.
+    resp = await client.get("/recorder?seconds=30", headers={"Authorization": f"Bearer {token}",
+                                                             "Sec-Fetch-Site": "same-origin"})
+    assert resp.status != 403 and len(probe.queries) == 1, await resp.text()
+
+
+class _QueryCountingProbe(AnsweringProbe):
+    def __init__(self, app, role: str, rank: int | None) -> None:
+        super().__init__(app, role, rank)
+        self.queries: list = []
+
+    def _answer_query(self, query):
+        self.queries.append(query)
+        return AnsweringProbe._answer_query(query)
+
+
 @pytest.mark.parametrize("path", ["/profiles", "/stacks", "/recorder?seconds=5", "/metrics"])
 @pytest.mark.parametrize("mode, dest", [("no-cors", "image"), ("cors", "empty"), ("navigate", "iframe"),
                                         ("no-cors", "script")])

@@ -3,8 +3,10 @@
 
 Auth follows the API's rules: the middleware's token check covers these paths as every other. What
 differs is the answer a browser gets without the token: ``unauthorized_page`` gives it a page that asks
-for the token (and holds nothing of the page asked for), where an API client gets the JSON 401. Errors
-likewise: a browser (``Accept: text/html``) gets a short HTML page, anything else the API's JSON error.
+for the token (and holds nothing of the page asked for), where an API client gets the JSON 401. The same
+prompt answers a browser sent to ``GET /recorder`` (Grafana's span link, a file download): the page
+script then fetches the recording with the token and saves it as a file. Errors likewise: a browser
+(``Accept: text/html``) gets a short HTML page, anything else the API's JSON error.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from .responses import error_code, json_error
 HOME_PATH = "/"
 REPORT_PATH = f"/profile/{ID}/report"
 _PAGE = re.compile(r"/|/profile/[^/]+/report")
+# Not a page but a file a browser is sent to (Grafana's trace view links a span to it): with a token,
+# the prompt, whose script downloads it with the header (sidecar/report/script.py, fetchRecording).
+RECORDER_PATH = "/recorder"
 
 
 def is_page(request: web.Request) -> bool:
@@ -45,13 +50,25 @@ def wants_html(request: web.Request) -> bool:
     return "text/html" in request.headers.get("Accept", "")
 
 
+def is_download(request: web.Request) -> bool:
+    """A browser's way to the flight recorder's file (``GET /recorder?format=trace&start_ms=...``)."""
+    return request.method in ("GET", "HEAD") and request.path == RECORDER_PATH
+
+
 def unauthorized_page(request: web.Request) -> web.Response | None:
     """For the auth middleware: the 401 a browser gets on a page, a form asking for the token (the page
-    script then fetches the page with it); None for every other request (the JSON 401)."""
-    if not (is_page(request) and wants_html(request)):
+    script then fetches the page with it), or on ``/recorder`` the same form for its download (the script
+    fetches the recording with it and saves it as a file); None for every other request (the JSON 401).
+    Nothing of the request is in the prompt: the script reads the range from its own URL."""
+    if not wants_html(request):
         return None
-    what = "the home page" if request.path == HOME_PATH else "this capture's report"
-    return _html(token_prompt(what), status=401, headers={"WWW-Authenticate": 'Bearer realm="inference-sidecar"'})
+    if is_download(request):
+        prompt = token_prompt("the flight recorder's recording of this range", download=True)
+    elif is_page(request):
+        prompt = token_prompt("the home page" if request.path == HOME_PATH else "this capture's report")
+    else:
+        return None
+    return _html(prompt, status=401, headers={"WWW-Authenticate": 'Bearer realm="inference-sidecar"'})
 
 
 def _html(text: str, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
