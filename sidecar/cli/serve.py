@@ -48,6 +48,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allowed-host", action="append", default=[], type=_allowed_host, metavar="NAME",
                    help="a host name a browser may use to reach the sidecar besides loopback names and IP "
                         "addresses, e.g. a Service or ingress name; repeat for more")
+    p.add_argument("--store", default=None, metavar="URL",
+                   help="also keep every finished capture, scan, module timing and recorder dump in object storage, "
+                        "uploaded in the background: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix "
+                        "or file:///shared/volume; credentials from the cloud's standard chain, for S3 the endpoint "
+                        "from $AWS_ENDPOINT_URL where set (docs/fleet.md, Object storage)")
+    p.add_argument("--store-instance", default=None, type=_store_instance, metavar="NAME",
+                   help="this sidecar's name in the store's fleet folders and recorder dumps (default: the host "
+                        "name, in Kubernetes the pod's)")
+    p.add_argument("--store-queue", type=int, default=64, metavar="N",
+                   help="uploads waiting at most; when full, the oldest waiting is dropped and counted "
+                        "(default %(default)s)")
+    p.add_argument("--store-retention", action="store_true",
+                   help="--keep and --keep-mb remove the stored copies too (by default they remove the local "
+                        "copies only, and stored captures stay listed)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=_serve)
 
@@ -86,6 +100,31 @@ def _allowed_host(value: str) -> str:
     if problem:
         raise argparse.ArgumentTypeError(f"{value!r}: {problem}")
     return name
+
+
+def _store_instance(value: str) -> str:
+    """``--store-instance``: one segment of the store's keys (argparse exits 2 otherwise)."""
+    from ..service.store.layout import instance_name
+
+    if not value or instance_name(value) != value:
+        raise argparse.ArgumentTypeError(f"{value!r}: use 1 to 64 of A-Z, a-z, 0-9, '.', '_' and '-'")
+    return value
+
+
+def _store_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``--store`` and ``--store-queue``, or None: the URL is opened here (no
+    network, no credential read) so that a bad one is a message, not a traceback at start."""
+    if args.store_queue < 1:
+        return "--store-queue must be positive"
+    if args.store is None:
+        return None
+    from ..service.store.client import open_store
+
+    try:
+        open_store(args.store)
+    except ValueError as exc:
+        return f"--store: {exc}"
+    return None
 
 
 def _alert_instance(value: str) -> str:
@@ -218,6 +257,10 @@ def _serve(args: argparse.Namespace) -> int:
             least = "0 or more" if name in ("port", "min_free_mb") else "positive"
             print(f"sidecar serve: --{name.replace('_', '-')} must be {least}", file=sys.stderr)
             return 2
+    store_problem = _store_problem(args)
+    if store_problem:
+        print(f"sidecar serve: {store_problem}", file=sys.stderr)
+        return 2
     # Everything the sidecar writes from here on is its user's alone (the token, traces, results):
     # this process is `sidecar serve` itself, so the umask is its own to set.
     os.umask(0o077)
@@ -246,6 +289,10 @@ def _serve(args: argparse.Namespace) -> int:
         alert_actions=tuple(alert_actions),
         alert_instances=tuple(dict.fromkeys(args.alert_instance)),
         allowed_hosts=tuple(dict.fromkeys(args.allowed_host)),
+        store_url=args.store,
+        store_instance=args.store_instance,
+        store_queue=args.store_queue,
+        store_retention=args.store_retention,
     )
     from ..service.tracing import start_tracing
 

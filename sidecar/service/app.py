@@ -11,7 +11,9 @@ recorder, stacks, requests), triggers (triggers.py), Alertmanager's webhook (ale
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
@@ -49,6 +51,13 @@ from .incidents.triggers import Triggers
 from .routes.alerts import ALERTS, add_alert_routes
 from .incidents.alert_actions import OwnServer
 from .incidents.alerts import Alerts
+from .jobs.storing import JobStore, recorder_upload
+from .routes.keys import STORE
+from .store.client import open_store
+from .store.counters import StoreCounters
+from .store.layout import StoreLayout
+from .store.reader import StoreReader
+from .store.uploads import Uploader
 
 __all__ = ["ServiceSettings", "make_app"]
 
@@ -98,6 +107,19 @@ async def healthz(request: web.Request) -> web.Response:
     })
 
 
+def _job_store(settings: ServiceSettings, counters: StoreCounters) -> JobStore | None:
+    """The object store of ``sidecar serve --store`` (None without one); ValueError for a URL the
+    library refuses. No credential is read here: the library's chain finds them when it needs them."""
+    if not settings.store_url:
+        return None
+    store = open_store(settings.store_url)
+    uploader = Uploader(store, counters, max_pending=settings.store_queue, retry_for_s=settings.store_retry_for_s,
+                        backoff_s=settings.store_backoff_s)
+    layout = StoreLayout(settings.store_url, settings.store_instance or socket.gethostname())
+    log.info("store: results are uploaded to %s (this sidecar: %s)", layout.url, layout.instance)
+    return JobStore(uploader, StoreReader(store, counters), layout, retention=settings.store_retention)
+
+
 def make_app(settings: ServiceSettings) -> web.Application:
     # The browser guard first: a cross-site or rebinding request is refused before the token is looked at.
     app = web.Application(middlewares=[browser_guard, errors_and_auth])
@@ -107,6 +129,10 @@ def make_app(settings: ServiceSettings) -> web.Application:
     registry, board = ProbeRegistry(), JobBoard()
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sidecar-export", initializer=merge.lower_priority)
     capture_metrics = app[CAPTURE_METRICS]
+    # The uploads' metrics are served with or without a store (docs/telemetry.md).
+    job_store = _job_store(settings, StoreCounters(app[METRICS_REGISTRY]))
+    if job_store is not None:
+        app[STORE] = job_store
 
     def observe_capture(c: Capture) -> None:
         steps = sum(p.steps_recorded for p in c.processes)
@@ -118,20 +144,30 @@ def make_app(settings: ServiceSettings) -> web.Application:
     app[CAPTURES] = CaptureManager(
         registry, board, settings.trace_dir, executor, max_capture_bytes=settings.max_capture_bytes,
         keep=settings.keep, keep_bytes=settings.keep_bytes, min_free_bytes=settings.min_free_bytes, stop_grace_s=settings.stop_grace_s, on_finished=observe_capture,
+        store=job_store,
     )
     app[METRICS_REGISTRY].register(WatchCollector(registry))
     app[METRICS_REGISTRY].register(EngineStateCollector(registry))
     # Requests that ask to be captured (X-Sidecar-Profile) reach it over the probe channel.
     app[REQUEST_CAPTURES] = RequestCaptures(app[CAPTURES], capture_metrics, max_steps=settings.max_steps)
     app[SCANS] = ScanManager(registry, board, settings.trace_dir / "scans", keep=settings.keep,
-                             keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, on_finished=SyncFindings(app[METRICS_REGISTRY]).observe)
+                             keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, on_finished=SyncFindings(app[METRICS_REGISTRY]).observe,
+                             store=job_store)
 
     # Module timing (jobs/modules.py): the third kind of job, on the same board.
     app[MODULES] = ModuleManager(registry, board, settings.trace_dir / "modules", keep=settings.keep,
-                                 keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s)
+                                 keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, store=job_store)
 
     async def lifecycle(app: web.Application):
+        listing = None
+        if job_store is not None:  # uploads and the store's listing run in the background, never awaited by a request
+            job_store.uploader.start()
+            listing = asyncio.ensure_future(app[CAPTURES].list_stored())
         yield
+        if listing is not None:
+            listing.cancel()
+            await asyncio.gather(listing, return_exceptions=True)
+            await job_store.uploader.close()
         await app[TRIGGERS].close()
         await app[ALERTS].close()
         await app[REQUEST_CAPTURES].close()
@@ -153,8 +189,11 @@ def make_app(settings: ServiceSettings) -> web.Application:
     add_page_routes(app)
     add_probe_channel(app)
     # Triggers see each heartbeat and metrics push as it arrives (incidents/triggers.py).
+    # Each recorder dump a firing saves is uploaded to the object store, where there is one.
+    on_dump = ((lambda path: job_store.uploader.submit(recorder_upload(job_store, path)))
+               if job_store is not None else None)
     triggers = Triggers(registry=registry, captures=app[CAPTURES], scans=app[SCANS], queries=app[QUERIES],
-                        trace_dir=settings.trace_dir, metrics=app[METRICS_REGISTRY])
+                        trace_dir=settings.trace_dir, metrics=app[METRICS_REGISTRY], on_dump=on_dump)
     for rule in settings.triggers:
         triggers.add(rule)
     app[TRIGGERS] = triggers
@@ -163,6 +202,6 @@ def make_app(settings: ServiceSettings) -> web.Application:
     # Alertmanager's alerts run the same firings (incidents/alerts.py), for the actions configured at start.
     app[ALERTS] = Alerts(settings.alert_actions, OwnServer.of_this_host(settings.alert_instances), registry=registry,
                          captures=app[CAPTURES], scans=app[SCANS], queries=app[QUERIES], trace_dir=settings.trace_dir,
-                         metrics=app[METRICS_REGISTRY])
+                         metrics=app[METRICS_REGISTRY], on_dump=on_dump)
     add_alert_routes(app)
     return app

@@ -26,6 +26,7 @@ from .jobs.params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS,
                      MIN_STACK_HZ, RECORDER_FORMATS, SCAN_KNOWN, STACK_MODES, STACKS_FORMATS, STACKS_MODES,
                      STACKS_THREADS, known_roles)
 from .jobs.params import MAX_MODULE_STEPS, MODULES_KNOWN
+from .store.layout import FLEET_ID
 from ..common.protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
 from .incidents import trigger_rules as tr
 from .incidents import alert_payload as ap
@@ -76,6 +77,8 @@ def _start_parameters(max_steps: int) -> dict[str, dict[str, Any]]:
         "stack_hz": {"schema": {"type": "number", "minimum": MIN_STACK_HZ, "maximum": MAX_STACK_HZ,
                                 "default": DEFAULT_STACK_HZ},
                      "description": "sampling rate of sampled stacks (only with stacks)"},
+        "fleet": {"schema": {"type": "string", "pattern": f"^{FLEET_ID.pattern}$"},
+                  "description": "the fleet capture this one belongs to: stored under fleets/<fleet>/ (docs/fleet.md)"},
         "baseline": {"schema": {"type": "string", "pattern": id_pattern(SCAN)},
                      "description": "id of an earlier scan: new_sites lists only sites it did not have"},
         **{name: {"schema": boolean, "description": "torch.profiler option"} for name in BOOLEAN_OPTIONS},

@@ -31,7 +31,7 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter
@@ -58,12 +58,12 @@ SKIP_REASONS = ("resolved", "other_server", "duplicate", "no_action", "cooldown"
 class Alerts:
     def __init__(self, actions: Sequence[AlertAction], own: OwnServer, *, registry: ProbeRegistry,
                  captures: CaptureManager, scans: ScanManager, queries: QueryBroker, trace_dir: Path,
-                 metrics: CollectorRegistry) -> None:
+                 metrics: CollectorRegistry, on_dump: Callable[[Path], None] | None = None) -> None:
         self.actions = list(actions)
         self.own = own
         self._limits = [FiringLimits(a.cooldown_s, a.budget_per_hour) for a in self.actions]
         self._ctx = FiringContext(registry=registry, captures=captures, scans=scans, queries=queries,
-                                  dump_dir=trace_dir / "alerts")
+                                  dump_dir=trace_dir / "alerts", on_dump=on_dump)
         self._firings: deque[dict[str, Any]] = deque(maxlen=KEEP_FIRINGS)
         self._skipped: deque[dict[str, Any]] = deque(maxlen=KEEP_SKIPPED)
         self._seen: OrderedDict[str, str] = OrderedDict()  # fingerprint -> startsAt

@@ -54,6 +54,7 @@ class FiringContext:
     scans: ScanManager
     queries: QueryBroker
     dump_dir: Path
+    on_dump: Callable[[Path], None] | None = None  # told of each dump saved (its upload to the object store)
 
 
 async def run_firing(ctx: FiringContext, firing: dict[str, Any], action: TriggerAction, arrived: float, *,
@@ -109,6 +110,8 @@ async def _save_recording(ctx: FiringContext, firing: dict[str, Any], seconds: f
         firing["recorder_error"] = f"not saved: {exc}"
         return
     firing["recorder"] = str(path)
+    if ctx.on_dump is not None:
+        ctx.on_dump(path)  # queued, never awaited: the upload runs in the background
 
 
 async def _scan(ctx: FiringContext, firing: dict[str, Any], steps: int) -> None:

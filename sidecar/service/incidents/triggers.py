@@ -27,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter
@@ -68,8 +68,10 @@ class Trigger:
 
 class Triggers:
     def __init__(self, *, registry: ProbeRegistry, captures: CaptureManager, scans: ScanManager,
-                 queries: QueryBroker, trace_dir: Path, metrics: CollectorRegistry) -> None:
+                 queries: QueryBroker, trace_dir: Path, metrics: CollectorRegistry,
+                 on_dump: Callable[[Path], None] | None = None) -> None:
         self._captures, self._scans, self._queries = captures, scans, queries
+        self._on_dump = on_dump  # each recorder dump saved (the object store's upload, sidecar serve --store)
         self._registry = registry
         self._dir = trace_dir / "triggers"
         self._triggers: dict[str, Trigger] = {}
@@ -186,7 +188,7 @@ class Triggers:
     @functools.cached_property
     def _firing_context(self) -> FiringContext:
         return FiringContext(registry=self._registry, captures=self._captures, scans=self._scans,
-                             queries=self._queries, dump_dir=self._dir)
+                             queries=self._queries, dump_dir=self._dir, on_dump=self._on_dump)
 
     def _skip(self, trigger: Trigger, reason: str, value_ms: float, detail: dict[str, Any]) -> None:
         trigger.counts["skipped"] += 1

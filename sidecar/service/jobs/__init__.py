@@ -13,4 +13,6 @@
     modules           ``ModuleManager``: the module-timing job
     request_captures  a request's ask for a capture becomes a capture bound to it
     saved             what a saved job gives back after a restart (a scan or a module timing: one JSON file)
+    storing           a finished job handed to the object store: what is uploaded, its key, the job's ``stored``
+    stored_captures   the captures only the object store holds: listed, served, fetched back on demand
 """

@@ -76,6 +76,9 @@ class Capture(Job):
     # Files being fetched from processes that do not share the sidecar's disk (file_fetch.py): the
     # export waits for them.
     fetches: list[asyncio.Task] = field(default_factory=list, repr=False)
+    # Its folder in the object store (``captures/<id>/`` or ``fleets/<fleet>/<instance>/<id>/``,
+    # store/layout.py), once uploaded or listed from there; None: not in a store.
+    store_prefix: str | None = None
 
     def spec(self) -> CaptureSpec:
         r = self.request
@@ -114,6 +117,8 @@ class Capture(Job):
             "trigger": self.trigger,
             "alert": self.alert,
             "request": self.bound_request,
+            "fleet": r.fleet,
+            "stored": self.stored,
             "files": {name: f"{url}/files/{name}" for name in self.files()},
             "options": {
                 "activities": list(r.activities) or "host default",

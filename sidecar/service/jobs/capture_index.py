@@ -31,6 +31,8 @@ from .model import CAPTURE
 from ..export.merge import MERGED_NAME, RAW_DIR, SUMMARY_NAME
 from .params import CaptureRequest, ProcessSelector
 from .saved import id_time, read_saved
+from .storing import read_stored
+from ..store.layout import FLEET_ID
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ def from_json(folder: Path, data: dict[str, Any], *, interrupted: bool) -> Captu
         trigger=data.get("trigger") if isinstance(data.get("trigger"), dict) else None,
         alert=data.get("alert") if isinstance(data.get("alert"), dict) else None,
         bound_request=data.get("request") if isinstance(data.get("request"), dict) else None,
+        stored=read_stored(data.get("stored")),
     )
     if not interrupted:
         capture.trace_file = MERGED_NAME if data.get("trace") else None
@@ -147,6 +150,7 @@ def _request(data: dict[str, Any], options: dict[str, Any]) -> CaptureRequest:
         profile_memory=bool(options.get("profile_memory")), with_flops=bool(options.get("with_flops")),
         with_modules=bool(options.get("with_modules")),
         instance=options.get("instance") if isinstance(options.get("instance"), str) else None,
+        fleet=data["fleet"] if isinstance(data.get("fleet"), str) and FLEET_ID.fullmatch(data["fleet"]) else None,
     )
 
 

@@ -38,6 +38,9 @@ from .manager import STOP_GRACE_S, JobManager
 from .states import EXPORTING
 from .capture import BoundCaptureRequest, Capture, CaptureProcess, capture_url
 from .capture_index import restore_captures, save_capture_json
+from .stored_captures import StoredCaptures
+from .storing import JobStore, capture_upload, waiting
+from ..store.uploads import Upload
 from .model import CAPTURE
 from .params import CaptureRequest, ParamError
 from ..export.process_stems import unique_stems
@@ -63,15 +66,18 @@ class CaptureManager(JobManager[Capture]):
         stop_grace_s: float = STOP_GRACE_S,
         arm_reply_s: float = ARM_REPLY_S,
         on_finished: Callable[[Capture], None] | None = None,
+        store: JobStore | None = None,
     ) -> None:
         super().__init__(registry, board, keep=keep, keep_bytes=keep_bytes, stop_grace_s=stop_grace_s,
-                         arm_reply_s=arm_reply_s, on_finished=on_finished)
+                         arm_reply_s=arm_reply_s, on_finished=on_finished, store=store)
         self._trace_dir = trace_dir
         self._executor = executor
         self._max_bytes = max_capture_bytes
         self._min_free_bytes = min_free_bytes
+        # With a store, the captures it holds and the local disk does not (stored_captures.py).
+        self._stored = StoredCaptures(store, trace_dir, max_capture_bytes) if store is not None else None
+        self._removals: set[str] = set()  # retained away while their upload had not ended: removed when it does
         # The disk is the truth: what an earlier run of the sidecar left is listed, served and retained.
-
         self._adopt(restore_captures(trace_dir))
 
     def _create(self, request: CaptureRequest) -> Capture:
@@ -217,7 +223,58 @@ class CaptureManager(JobManager[Capture]):
         save_capture_json(capture)
 
     def _remove(self, capture: Capture) -> None:
+        if self._stored is not None and waiting(capture.stored):
+            # Not before its upload ends (at most the queue's bound of captures wait so): what retention
+            # removes while the store is down would otherwise be lost. Listed meanwhile, from its local files.
+            self._removals.add(capture.id)
+            self._stored.keep_listed(capture)
+            return
         shutil.rmtree(capture.dir, ignore_errors=True)
+        if self._stored is not None:  # retention is the local copy's; the stored one stays listed
+            self._stored.retained_locally(capture)
+
+    def _upload(self, capture: Capture) -> Upload:
+        return capture_upload(self._store, capture, self._upload_changed)
+
+    def _upload_changed(self, capture: Capture) -> None:
+        """Its upload moved on: saved again; a capture retention removed meanwhile goes once it ended."""
+        if capture.id in self._removals and not waiting(capture.stored):
+            self._removals.discard(capture.id)
+            self._stored.forget(capture)
+            self._remove(capture)
+        else:
+            self._save(capture)
+
+    # -- the object store's captures (sidecar serve --store) --------------------------------------------
+    def get(self, job_id: str) -> Capture | None:
+        found = super().get(job_id)
+        if found is None and self._stored is not None:
+            found = self._stored.get(job_id)
+        return found
+
+    def recent(self) -> list[Capture]:
+        """This sidecar's captures, and with a store those it lists from there, newest first."""
+        local = super().recent()
+        if self._stored is None:
+            return local
+        self._stored.relist_if_stale(self._spawn, self._jobs)
+        return sorted([*local, *self._stored.recent(self._jobs)], key=lambda c: (c.created_at, c.id), reverse=True)
+
+    async def list_stored(self) -> None:
+        """List the store's captures (at start, in the background); nothing without a store."""
+        if self._stored is not None:
+            await self._stored.relist(self._jobs)
+
+    async def ensure_local(self, capture: Capture, name: str) -> None:
+        """The file ``name`` of ``capture`` on the local disk: downloaded from the store when only there
+        (raises ``FetchFailed``); nothing when it is local or the capture was never stored."""
+        if self._stored is not None:
+            await self._stored.ensure_local(capture, name, self._adopt_fetched)
+
+    def _adopt_fetched(self, capture: Capture) -> None:
+        """A stored capture fetched back: local again, the newest in the cache's retention."""
+        self._jobs[capture.id] = capture
+        self._retain()
 
     def _footprint(self, capture: Capture) -> int:
         return disk_space.tree_bytes(capture.dir)

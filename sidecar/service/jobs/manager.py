@@ -30,10 +30,13 @@ from . import arming
 from .states import ARMED, CANCELLED, FINAL, P_LOST
 from .model import CANCELLED_REASON, Job, JobKind, NoProbes, ProcessRun, cancelled, verdict
 from .params import JobRequest, ParamError
+from .storing import waiting
 from ..channel.registry import ProbeConnection, ProbeRegistry
 
 if TYPE_CHECKING:
     from .board import JobBoard
+    from .storing import JobStore
+    from ..store.uploads import Upload
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,10 @@ class JobManager(Generic[J]):
         arm_reply_s: float = arming.ARM_REPLY_S,
         arm_reply_alive_s: float = arming.ARM_REPLY_ALIVE_S,
         on_finished: Callable[[J], None] | None = None,
+        store: "JobStore | None" = None,
     ) -> None:
         self._registry = registry
+        self._store = store  # the object store (sidecar serve --store), None: the local disk alone
         self._board = board
         self._keep = keep
         self._keep_bytes = keep_bytes
@@ -108,6 +113,10 @@ class JobManager(Generic[J]):
     def _footprint(self, job: J) -> int:
         """Bytes the finished job holds on disk (retention by size)."""
         return 0
+
+    def _upload(self, job: J) -> "Upload | None":
+        """The upload of a finished job to the object store (sets ``job.stored``); None: the kind uploads none."""
+        return None
 
     # -- queries -----------------------------------------------------------------------------------
     @property
@@ -355,7 +364,11 @@ class JobManager(Generic[J]):
         job.reason = reason
         job.finished_at = time.time()
         job.done_event.set()
+        # Its ``stored`` is set before the save, so that a sidecar stopped before the upload queues it again.
+        upload = self._upload(job) if self._store is not None and state != CANCELLED else None
         self._save(job)
+        if upload is not None:
+            self._store.uploader.submit(upload)  # a deque append: the upload runs in the background
         if self._on_finished is not None:
             try:  # metrics and spans about a job must not stop its retention or its probe's channel
                 self._on_finished(job)
@@ -382,6 +395,11 @@ class JobManager(Generic[J]):
         for job in sorted(saved, key=lambda j: (j.created_at, j.id)):
             self._jobs.setdefault(job.id, job)
         self._retain()
+        if self._store is not None:  # uploads the earlier run had not finished: queued again
+            for job in self._jobs.values():
+                if waiting(job.stored) and (upload := self._upload(job)) is not None:
+                    self._save(job)
+                    self._store.uploader.submit(upload)
 
     def _retain(self) -> None:
         """Keep the newest finished jobs while there are at most ``keep`` of them and they hold at

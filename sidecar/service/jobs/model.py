@@ -194,6 +194,9 @@ class Job:
     start_step: int | None = None  # the common first working step sent in "begin" (None: several instances)
     start_steps: dict[str, int] = field(default_factory=dict)  # each engine instance's ("": unnamed)
     notes: list[str] = field(default_factory=list)
+    # Its upload to the object store (``sidecar serve --store``): {url, state, error}; None without a store
+    # (jobs/storing.py).
+    stored: dict[str, Any] | None = None
     armed_event: asyncio.Event = field(default_factory=asyncio.Event)  # every step-driven process answered
     done_event: asyncio.Event = field(default_factory=asyncio.Event)  # final state reached
 

@@ -26,6 +26,7 @@ from .manager import STOP_GRACE_S, JobManager
 from .model import MODULES, Job, JobKind, NoProbes, ProcessRun
 from .params import JobRequest, ParamError
 from ..channel.registry import ProbeRegistry
+from .storing import JobStore, read_stored
 from .saved import SavedAsOneFile, id_time
 
 
@@ -104,6 +105,7 @@ class ModuleJob(Job):
             "modules": self.tables.get("modules", []),
             "types": self.tables.get("types", []),
             "processes": [p.to_json() for p in self.processes],
+            "stored": self.stored,
         }
 
     @classmethod
@@ -118,6 +120,7 @@ class ModuleJob(Job):
             finished_at=data.get("finished_at"), start_step=data.get("start_step"),
             notes=list(data.get("notes") or []),
         )
+        job.stored = read_stored(data.get("stored"))
         job.done_event.set()
         return job
 
@@ -125,13 +128,14 @@ class ModuleJob(Job):
 class ModuleManager(SavedAsOneFile, JobManager[ModuleJob]):
     kind = MODULES
     saved_noun = "module timing"
+    store_kind, store_folder = "modules", "modules"
     job_from_json = ModuleJob.from_json
 
     def __init__(self, registry: ProbeRegistry, board: JobBoard, store_dir: Path, *, keep: int,
                  keep_bytes: int | None = None, stop_grace_s: float = STOP_GRACE_S, arm_reply_s: float = ARM_REPLY_S,
-                 on_finished: Callable[[ModuleJob], None] | None = None) -> None:
+                 on_finished: Callable[[ModuleJob], None] | None = None, store: JobStore | None = None) -> None:
         super().__init__(registry, board, keep=keep, keep_bytes=keep_bytes, stop_grace_s=stop_grace_s,
-                         arm_reply_s=arm_reply_s, on_finished=on_finished)
+                         arm_reply_s=arm_reply_s, on_finished=on_finished, store=store)
         self._dir = store_dir
         self._adopt(self._restore())
 

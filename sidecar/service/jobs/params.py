@@ -14,13 +14,14 @@ from ...common import config
 from ...engine import STANDARD_ROLES
 from ...common.protocol import DEFAULT_STACK_HZ, MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS, MAX_STACK_HZ
 from .model import SCAN
+from ..store.layout import FLEET_ID
 
 ACTIVITIES = ("cpu", "cuda")
 BOOLEAN_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_modules")
 STACK_MODES = ("none", "sampled", "traced")
 MIN_STACK_HZ = 1.0
 KNOWN = {"steps", "activities", "delay", "processes", "instance", "timeout_s", "with_stack", "stacks", "stack_hz",
-         *BOOLEAN_OPTIONS}
+         "fleet", *BOOLEAN_OPTIONS}
 SCAN_KNOWN = {"steps", "delay", "processes", "instance", "timeout_s", "baseline"}
 MODULES_KNOWN = {"steps", "delay", "processes", "instance", "timeout_s"}
 # A module-timing job keeps one record per module call until it ends (two timing events each on a
@@ -83,6 +84,8 @@ class CaptureRequest(JobRequest):
     profile_memory: bool = False
     with_flops: bool = False
     with_modules: bool = False  # torch.profiler's module hierarchy (recorded where the model runs)
+    # ``fleet=``: the fleet capture this one belongs to; in the object store under fleets/<fleet>/ (store/layout.py).
+    fleet: str | None = None
 
     @property
     def with_stack(self) -> bool:
@@ -248,7 +251,17 @@ def parse_capture_request(params: Mapping[str, str], max_steps: int,
         timeout_s=_timeout(params.get("timeout_s")),
         **{name: _bool(params, name) for name in BOOLEAN_OPTIONS},
         **dict(zip(("stacks", "stack_hz"), _stacks(params))),
+        fleet=_fleet(params.get("fleet")),
     )
+
+
+def _fleet(raw: str | None) -> str | None:
+    """``fleet=``: a short id (letters, digits, ``_``, ``-``; at most 64), one segment of a store key."""
+    if raw is None:
+        return None
+    if not FLEET_ID.fullmatch(raw):
+        raise ParamError("fleet", f"must be 1 to 64 of A-Z, a-z, 0-9, '_' and '-', got {raw[:80]!r}")
+    return raw
 
 
 def parse_module_request(params: Mapping[str, str], max_steps: int,

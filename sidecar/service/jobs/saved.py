@@ -15,6 +15,8 @@ from typing import Any, Callable, ClassVar
 
 from ..export import disk_space, safe_files
 from .states import FINAL
+from .storing import JobStore, result_upload
+from ..store.uploads import Upload
 from .model import Job, JobKind
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,12 @@ class SavedAsOneFile:
     kind: ClassVar[JobKind]
     saved_noun: ClassVar[str]
     job_from_json: ClassVar[Callable[[dict[str, Any]], Job]]
+    store_kind: ClassVar[str]  # its uploads' ``kind`` label (store/counters.py) and its folder in the store
+    store_folder: ClassVar[str]
+    _store: "JobStore | None"
+
+    def _upload(self, job: Job) -> "Upload":
+        return result_upload(self._store, self.store_kind, self.store_folder, job, self._save)
 
     def _path(self, job_id: str) -> Path:
         return self._dir / f"{job_id}.json"

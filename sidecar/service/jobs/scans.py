@@ -22,6 +22,7 @@ from .states import FINAL
 from .model import SCAN, Job, JobKind, ProcessRun
 from .params import ParamError, ScanRequest
 from ..channel.registry import ProbeRegistry
+from .storing import JobStore, read_stored
 from .saved import SavedAsOneFile, id_time, read_saved
 
 
@@ -53,6 +54,7 @@ class Scan(Job):
             "expected": sum(1 for s in self.sites if s.get("classification") == EXPECTED),
             "sites": self.sites, "baseline": self.request.baseline, "new_sites": self.new_sites,
             "processes": [p.to_json() for p in self.processes],
+            "stored": self.stored,
         }
 
     @classmethod
@@ -68,6 +70,7 @@ class Scan(Job):
             created_at=float(data.get("created_at") or id_time(SCAN, data["id"]) or 0.0),
             finished_at=data.get("finished_at"),
         )
+        scan.stored = read_stored(data.get("stored"))
         scan.done_event.set()
         return scan
 
@@ -75,6 +78,7 @@ class Scan(Job):
 class ScanManager(SavedAsOneFile, JobManager[Scan]):
     kind = SCAN
     saved_noun = "scan"
+    store_kind, store_folder = "scan", "scans"
     job_from_json = Scan.from_json
 
     def __init__(
@@ -88,9 +92,10 @@ class ScanManager(SavedAsOneFile, JobManager[Scan]):
         stop_grace_s: float = STOP_GRACE_S,
         arm_reply_s: float = ARM_REPLY_S,
         on_finished: Callable[[Scan], None] | None = None,
+        store: JobStore | None = None,
     ) -> None:
         super().__init__(registry, board, keep=keep, keep_bytes=keep_bytes, stop_grace_s=stop_grace_s, arm_reply_s=arm_reply_s,
-                         on_finished=on_finished)
+                         on_finished=on_finished, store=store)
         self._dir = store_dir
         self._adopt(self._restore())
 

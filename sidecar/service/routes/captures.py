@@ -15,6 +15,7 @@ from typing import BinaryIO
 from aiohttp import web
 
 from ..export import safe_files
+from ..store.reader import FetchFailed
 from ..jobs.captures import Capture
 from ..jobs.states import FINAL
 from .jobs import ID, JobRoutes
@@ -37,14 +38,19 @@ def _capture_or_404(request: web.Request) -> Capture:
     return CAPTURE_ROUTES.job_or_404(request)
 
 
-def _open(capture: Capture, name: str | None, what: str) -> BinaryIO:
+async def _open(request: web.Request, capture: Capture, name: str | None, what: str) -> BinaryIO:
     """The capture's file ``name``, opened safely: 409 while it runs, 404 for a name it did not
-    record or what is not its own regular file (a link, say), 410 for a file removed."""
+    record or what is not its own regular file (a link, say), 410 for a file removed; a file of a
+    capture in the object store and not on this disk is downloaded first (502 naming why it could not be)."""
     if capture.state not in FINAL:
         raise web.HTTPConflict(text=f"capture {capture.id} is {capture.state}; the {what} is not ready")
     # Only names the capture itself recorded are served, so no request can reach outside its folder.
     if name is None or name not in capture.files() and name != capture.summary_file:
         raise web.HTTPNotFound(text=f"capture {capture.id} has no {what}")
+    try:
+        await request.app[CAPTURES].ensure_local(capture, name)
+    except FetchFailed as exc:
+        raise web.HTTPBadGateway(text=f"the {what} of capture {capture.id} could not be fetched from the store: {exc}")
     try:
         return safe_files.open_capture_file(capture.dir, name)
     except FileNotFoundError:
@@ -76,7 +82,7 @@ async def _stream(request: web.Request, file: BinaryIO, content_type: str,
 
 
 async def _download(request: web.Request, capture: Capture, name: str | None, what: str) -> web.StreamResponse:
-    file = _open(capture, name, what)
+    file = await _open(request, capture, name, what)
     headers = {"Content-Disposition": f'attachment; filename="{capture.id}-{name}"'}
     return await _stream(request, file, "application/gzip", headers)
 
@@ -98,7 +104,7 @@ async def profile_summary(request: web.Request) -> web.StreamResponse:
         raise web.HTTPConflict(text=f"capture {capture.id} is {capture.state}; the summary is not ready")
     if not capture.summary_file:
         raise web.HTTPNotFound(text=f"capture {capture.id} has no summary ({capture.headline or 'no trace'})")
-    return await _stream(request, _open(capture, capture.summary_file, "summary"), "application/json")
+    return await _stream(request, await _open(request, capture, capture.summary_file, "summary"), "application/json")
 
 
 def add_capture_routes(app: web.Application) -> None:

@@ -13,6 +13,7 @@ from ..jobs.request_captures import RequestCaptures
 from ..jobs.scans import ScanManager
 from .settings import ServiceSettings
 from ..incidents.triggers import Triggers
+from ..jobs.storing import JobStore
 
 SETTINGS = web.AppKey("settings", ServiceSettings)
 REGISTRY = web.AppKey("registry", ProbeRegistry)
@@ -23,3 +24,4 @@ MODULES = web.AppKey("modules", ModuleManager)
 QUERIES = web.AppKey("queries", QueryBroker)
 TRIGGERS = web.AppKey("triggers", Triggers)
 REQUEST_CAPTURES = web.AppKey("request_captures", RequestCaptures)
+STORE = web.AppKey("store", JobStore)  # set only with sidecar serve --store

@@ -25,6 +25,7 @@ from ...report.document import message_page, policy, token_prompt
 from ..pages.home import render_home
 from ...report.markup import size
 from ..export import safe_files
+from ..store.reader import FetchFailed
 from ..jobs.captures import Capture, capture_url
 from .captures import CAPTURE_ROUTES
 from .jobs import ID
@@ -145,6 +146,10 @@ async def report(request: web.Request) -> web.Response:
         return _error(request, 409, f"capture {capture.id} is {capture.state}; its report is ready when it ends")
     if not capture.summary_file:
         return _error(request, 404, f"capture {capture.id} has no summary ({capture.headline or 'no trace'})")
+    try:  # a stored capture's summary is fetched back first (only in the store: sidecar serve --store)
+        await request.app[CAPTURES].ensure_local(capture, capture.summary_file)
+    except FetchFailed as exc:
+        return _error(request, 502, f"the summary of capture {capture.id} could not be fetched from the store: {exc}")
     try:  # off the event loop: a thousand-step summary is megabytes of JSON, and heartbeats must not wait
         return _html(await asyncio.to_thread(_render_report, capture))
     except FileNotFoundError:

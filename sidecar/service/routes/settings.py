@@ -8,6 +8,7 @@ from typing import Any
 
 from ..export.disk_space import MIN_FREE_BYTES
 from ..jobs.manager import STOP_GRACE_S
+from ..store.uploads import BACKOFF_S, MAX_PENDING, RETRY_FOR_S
 
 
 @dataclass(frozen=True)
@@ -29,3 +30,12 @@ class ServiceSettings:
     # Host names a browser may use to reach the sidecar besides loopback names and IP addresses
     # (sidecar serve --allowed-host; sidecar/service/browser_guard.py): anything else is a DNS-rebinding page's.
     allowed_hosts: tuple[str, ...] = ()
+    # The object store (sidecar serve --store URL; docs/fleet.md, "Object storage"): None, the local disk alone.
+    # Its instance names this sidecar's folder of fleet captures and recorder dumps (default: the host name);
+    # the queue's bound; whether retention removes the stored copies too.
+    store_url: str | None = None
+    store_instance: str | None = None
+    store_queue: int = MAX_PENDING
+    store_retention: bool = False
+    store_retry_for_s: float = RETRY_FOR_S
+    store_backoff_s: tuple[float, float] = BACKOFF_S
