@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("sidecar.analysis",),                       # analyze_path, the text report, sync sites of a trace
     ("sidecar.analysis.diff",),
     ("sidecar.report",),                         # analysis -> HTML
-    ("sidecar.service.export", "sidecar.service.metrics"),
+    ("sidecar.fleet",),                          # many sidecars: targets, discovery, fan-out, the comparison
+    ("sidecar.service.export", "sidecar.service.metrics", "sidecar.service.store"),  # store: the object store's client
     ("sidecar.service.channel",),
     ("sidecar.service.jobs",),
     ("sidecar.service.incidents",),

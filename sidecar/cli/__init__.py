@@ -11,6 +11,8 @@ when that command is chosen (``_COMMAND_MODULES``).
     jobs        ``sidecar capture``, ``sync``, ``status``, ``list``, ``stop``, ``summary``, ``download``, ``watch``, ``metrics``
     modules     ``sidecar modules``: which layer of the running model is slow
     incidents   ``sidecar recorder``, ``stacks``, ``requests``, ``triggers``
+    fleet       ``sidecar fleet``: a command on many sidecars at once (fleet_common: what they share;
+                fleet_compare: ``fleet capture`` and ``fleet recorder``, the replicas compared)
     alerts      ``sidecar alerts``: what came of Alertmanager's alerts; ``--send`` one notification
     analyze     ``sidecar analyze``: a trace explained at once
     diff        ``sidecar diff``: what changed from one trace (or capture) to another
@@ -46,6 +48,7 @@ _COMMAND_MODULES = {
     "analyze": "sidecar.cli.analyze",
     "diff": "sidecar.cli.diff",
     "make-model": "sidecar.cli.make_model",
+    "fleet": "sidecar.cli.fleet",
 }
 
 
