@@ -40,7 +40,7 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
     source = where.add_mutually_exclusive_group(required=True)
     source.add_argument("--prometheus", metavar="URL", help="the active targets of a Prometheus scrape job (with --job)")
     source.add_argument("--k8s-selector", metavar="SELECTOR",
-                        help="the running pods of a Kubernetes label selector, e.g. app=vllm (in-cluster or kubeconfig)")
+                        help="the running pods of a Kubernetes label selector, e.g. app=inference-server (in-cluster or kubeconfig)")
     source.add_argument("--targets", metavar="URL,URL", help="these sidecars (a port left out is --port)")
     source.add_argument("--targets-file", type=Path, metavar="FILE", help="the sidecars in FILE, one URL a line (# comments)")
     where.add_argument("--job", help="with --prometheus: the scrape job whose targets are the sidecars")

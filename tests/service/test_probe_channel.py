@@ -179,7 +179,7 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     assert status["state"] == "done", status
     assert list(status) == ["id", "state", "reason", "notes", "steps", "start_step", "start_steps", "delay", "created_at",
                             "finished_at", "headline", "trace", "trace_bytes", "summary", "processes", "trigger",
-                            "alert", "request", "files", "options"]
+                            "alert", "request", "fleet", "stored", "files", "options"]
     assert status["trace"] == f"/profile/{capture_id}/trace" and status["start_step"] == 14 and status["delay"] == 2
     stem = worker.identity.file_stem
     assert status["files"][f"{stem}.pt.trace.json.gz"] == f"/profile/{capture_id}/files/{stem}.pt.trace.json.gz"

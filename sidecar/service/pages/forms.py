@@ -15,8 +15,9 @@ from ...common.protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ
 from ..jobs.params import ACTIVITIES, BOOLEAN_OPTIONS, KNOWN, MIN_STACK_HZ, SCAN_KNOWN, STACK_MODES
 from ...report.markup import esc, tag
 
-# The older spelling of ``stacks`` (with_stack=true is stacks=sampled): the form offers ``stacks`` alone.
-LEFT_OUT = {"with_stack"}
+# Not on the form: the older spelling of ``stacks`` (with_stack=true is stacks=sampled: the form offers
+# ``stacks`` alone), and ``fleet``, the id `sidecar fleet capture` gives every replica's capture.
+LEFT_OUT = {"with_stack", "fleet"}
 
 
 @dataclass(frozen=True)
