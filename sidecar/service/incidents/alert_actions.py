@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from ..jobs.params import ParamError
-from .trigger_rules import (DEFAULT_BUDGET, DEFAULT_COOLDOWN_S, MAX_BUDGET, MAX_COOLDOWN_S, TriggerAction,
-                            number_field, reject_unknown_fields, parse_action)
+from .trigger_rules import (DEFAULT_BUDGET, DEFAULT_COOLDOWN_S, TriggerAction, parse_action, parse_limits,
+                            reject_unknown_fields)
 
 MAX_ACTIONS = 100
 MAX_MATCH_LABELS = 32
@@ -87,10 +87,7 @@ def parse_alert_action(body: Any, max_steps: int, prefix: str = "") -> AlertActi
     return AlertAction(
         match=_match(body["match"], prefix),
         action=parse_action(body.get("action"), max_steps, prefix + "action."),
-        cooldown_s=number_field(body, "cooldown_s", 1, MAX_COOLDOWN_S, prefix) if "cooldown_s" in body
-        else DEFAULT_COOLDOWN_S,
-        budget_per_hour=number_field(body, "budget_per_hour", 1, MAX_BUDGET, prefix, integer=True)
-        if "budget_per_hour" in body else DEFAULT_BUDGET,
+        **parse_limits(body, prefix),
     )
 
 

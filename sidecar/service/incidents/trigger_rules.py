@@ -150,11 +150,18 @@ def parse_rule(body: Any, max_steps: int, prefix: str = "") -> TriggerRule:
     return TriggerRule(
         name=name.strip(), metric=metric, threshold_ms=threshold, percentile=percentile, window_s=window,
         min_count=min_count, action=parse_action(body.get("action"), max_steps, prefix + "action."),
-        cooldown_s=number_field(body, "cooldown_s", 1, MAX_COOLDOWN_S, prefix) if "cooldown_s" in body
-        else DEFAULT_COOLDOWN_S,
-        budget_per_hour=number_field(body, "budget_per_hour", 1, MAX_BUDGET, prefix, integer=True)
-        if "budget_per_hour" in body else DEFAULT_BUDGET,
+        **parse_limits(body, prefix),
     )
+
+
+def parse_limits(body: dict, prefix: str) -> dict[str, Any]:
+    """``cooldown_s`` and ``budget_per_hour`` of a trigger rule or an alert action, defaults filled in."""
+    return {
+        "cooldown_s": number_field(body, "cooldown_s", 1, MAX_COOLDOWN_S, prefix) if "cooldown_s" in body
+        else DEFAULT_COOLDOWN_S,
+        "budget_per_hour": number_field(body, "budget_per_hour", 1, MAX_BUDGET, prefix, integer=True)
+        if "budget_per_hour" in body else DEFAULT_BUDGET,
+    }
 
 
 def parse_rules_file(text: str, max_steps: int) -> list[TriggerRule]:
