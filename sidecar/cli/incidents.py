@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import recorder_screen
 from .client import SidecarClient
 from .shared import add_connection_args, sidecar_command
 
@@ -33,6 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="json rows, or a Chrome/Perfetto trace (default: trace when -o names a .json.gz or "
                         ".trace.json file, else json)")
     p.add_argument("-o", "--output", type=Path, default=None, help="write here (.gz: compressed) instead of printing")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print the JSON rows (the default when not on a terminal)")
+    shown.add_argument("--summary", action="store_true",
+                       help="print one screen: step-time percentiles and the slowest steps per process, GC pauses, "
+                            "TTFT and end-to-end percentiles (the default on a terminal)")
     p.set_defaults(handler=_recorder)
 
     p = subparsers.add_parser("stacks", help="the Python stack of every thread of every engine process, now")
@@ -73,8 +79,24 @@ def _write(data: bytes, output: Path | None) -> None:
     print(f"wrote {output} ({output.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
 
 
+def _recorder_screen(args: argparse.Namespace) -> bool:
+    """One screen instead of the rows: asked for, or printing to a terminal with no data option given
+    (a pipe, ``-o``, ``--format`` and ``--json`` keep the data: scripts see what they always saw)."""
+    if args.summary:
+        return True
+    return not (args.json or args.output or args.format) and sys.stdout.isatty()
+
+
 @sidecar_command("recorder", timeout=60)
 def _recorder(args: argparse.Namespace, client: SidecarClient) -> int:
+    if args.summary and (args.output or args.format == "trace"):
+        print("sidecar recorder: --summary prints a screen; it takes neither -o nor --format trace", file=sys.stderr)
+        return 2
+    if _recorder_screen(args):
+        answer = client.request("GET", "/recorder", _params(seconds=args.seconds, format="json",
+                                                            processes=args.processes))
+        sys.stdout.write(recorder_screen.render(answer, args.seconds))
+        return 0
     fmt = args.format
     if fmt is None:
         fmt = "trace" if args.output and args.output.name.endswith((".json.gz", ".trace.json")) else "json"

@@ -5,6 +5,8 @@ reports the step stuck on /healthz and /metrics; then the engine serves again.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -58,6 +60,19 @@ def test_the_recorder_holds_a_slow_step_after_the_fact(slow_token_stack):
     trace = _get(stack, "/recorder?seconds=60&format=trace")
     slices = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"] == f"step {step['step']}"]
     assert any(e["dur"] >= SLOW_SECONDS * 1e6 * 0.9 for e in slices)
+    # On a terminal `sidecar recorder` tells the same in one screen: the slow step first among the
+    # worker's slowest, with its row, and the request's end-to-end time among the percentiles.
+    screen = subprocess.run([sys.executable, "-m", "sidecar.cli", "recorder", "--summary", "--seconds", "60",
+                             "--url", stack.sidecar_url], capture_output=True, text=True, timeout=120)
+    assert screen.returncode == 0, screen.stderr
+    lines = screen.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith(worker["process"]["label"] + ":"))
+    assert lines[header + 2] == "  slowest steps"
+    slowest = lines[header + 3]
+    assert slowest.startswith(f"    step {step['step']}  ") and f"prefill {step['prefill_tokens']}" in slowest, slowest
+    assert float(slowest.split()[2].replace(",", "")) >= SLOW_SECONDS * 1000 * 0.9
+    e2e_max = float(next(line for line in lines if line.startswith("  end-to-end ms")).split()[-1].replace(",", ""))
+    assert e2e_max >= SLOW_SECONDS * 1000
 
 
 @contextmanager
