@@ -3,7 +3,12 @@
 python tests/fake_engine.py ROLE [--rank K] [--steps-then-idle N] [--idle-when FILE] [--step-ms MS] [--slow-step-at N --slow-step-ms MS]
                             [--device cuda --size N] [--grid-ms MS]
 
+                            [--phases] [--nsys-log FILE] [--cuda-graph]
+
 With ``--device cuda`` a worker's step runs its matrix products on the GPU and its probe sees CUDA (tests/gpu).
+With ``--cuda-graph`` the step's forward is one CUDA graph replayed (on CPU: tests/fake_cuda_graph.py's
+stand-in); ``--phases`` times the step's phases with named ranges; ``--nsys-log`` records an nsys capture's
+CUDA profiler and NVTX calls to a file (tests/nsys_calls.py).
 
 ``FAKE_ENGINE_CLOCK_SKEW_S`` (environment) makes the process behave as if on a host whose wall clock
 is that far ahead: ``time.time_ns``/``time.time`` (the probe's clock replies, rings, sampled stacks) and
@@ -97,6 +102,15 @@ def main() -> None:
                         help="begin each working step on a multiple of MS of the host's true wall clock")
     parser.add_argument("--model", action="store_true",
                         help="a worker's step runs a small nn.Module model (ModelOfTheFake) and its probe knows it")
+    parser.add_argument("--nsys-log", default=None, metavar="FILE",
+                        help="a worker's probe claims CUDA and its nsys captures' CUDA profiler and NVTX calls go to "
+                             "FILE, one a line (tests/nsys_calls.py), instead of to CUDA: the nsys path on a host without it")
+    parser.add_argument("--phases", action="store_true",
+                        help="the step's work in two named phase ranges, switched by the probe as an engine's "
+                             "(PHASE_PROFILE: 'fake: prepare' is prepare, 'fake: forward' is forward)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="a worker's step replays one CUDA graph of its products (captured once, after a warm-up "
+                             "on a side stream), as vLLM's decode steps do; needs --device cuda")
     parser.add_argument("--telemetry", action="store_true",
                         help="start the process's telemetry with the NVML and psutil samplers, as the vLLM plugin does")
     args = parser.parse_args()
@@ -123,9 +137,21 @@ def main() -> None:
     # On the GPU the probe finds CUDA and reads SIDECAR_SYNC_WATCH itself, as in a real engine.
     model = ModelOfTheFake(args.size).to(x.device) if args.model else None
     known = {"model": lambda: model} if model is not None else {}
+    steps = Steps(x, model)
+    if args.phases:
+        from sidecar.integration.method_ranges import MethodRanges
+
+        known["profile"] = PHASE_PROFILE
+        known["phase_scopes"] = MethodRanges(lambda: [(steps, "prepare", "fake: prepare"), (steps, "forward", "fake: forward")])
+    if args.nsys_log and args.role == "worker":
+        from nsys_calls import RecordingCalls
+
+        known.update(cuda_calls=RecordingCalls(path=args.nsys_log), cuda_available=True)
+    if args.cuda_graph:
+        steps.capture_graph()
     probe = (Probe(args.role, args.rank, instance=args.instance, **known).start() if on_gpu
-             else Probe(args.role, args.rank, cuda_available=False, sync_watch=watch, instance=args.instance,
-                        **known).start())
+             else Probe(args.role, args.rank, **{"cuda_available": False, **known}, sync_watch=watch,
+                        instance=args.instance).start())
     taken = 0
     while True:
         has_work = ((args.steps_then_idle is None or taken < args.steps_then_idle)
@@ -138,7 +164,8 @@ def main() -> None:
         if has_work and args.slow_step_at and (taken + 1) % args.slow_step_at == 0:
             time.sleep(args.slow_step_ms / 1000)  # a slow step, inside the step
         if has_work:
-            total = (model(x) if model is not None else x @ x).sum()
+            steps.prepare()
+            total = steps.forward().sum()
             if args.planted_sync:
                 total.item()  # PLANTED_LINE
             if fake_sync is not None:
@@ -148,6 +175,64 @@ def main() -> None:
         time.sleep(args.step_ms / 1000 if has_work else 0.05)
         if not has_work:
             threading.Event().wait()  # an idle engine blocks waiting for work, taking no steps
+
+
+class Steps:
+    """A step's work in two methods, the phases an engine's ranges time (``--phases``), and with
+    ``--cuda-graph`` its forward replayed from one captured CUDA graph."""
+
+    def __init__(self, x, model) -> None:
+        self.x, self.model = x, model
+        self.graph = None
+        self.out = None
+
+    def run(self):
+        return self.model(self.x) if self.model is not None else self.x @ self.x
+
+    def capture_graph(self) -> None:
+        """PyTorch's recipe (torch.cuda.graphs): warm up on a side stream, then capture once; each
+        step then replays the graph on the same input and output tensors. Without CUDA,
+        tests/fake_cuda_graph.py stands in for ``torch.cuda.CUDAGraph`` (installed as it, so that the
+        probe's count of replays finds it): its replay is the step's product into the same output,
+        with no call of the model's modules, as a real replay."""
+        if self.x.device.type != "cuda":
+            from fake_cuda_graph import StandInGraph
+
+            torch.cuda.CUDAGraph = StandInGraph
+            x, out = self.x, self.run().detach()
+            self.out = out
+            self.graph = torch.cuda.CUDAGraph()
+            self.graph.capture(lambda: torch.matmul(x, x, out=out))
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self.run()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self.run()
+
+    def prepare(self) -> None:
+        """Nothing to prepare: a phase of its own only so that its range is there to see."""
+
+    def forward(self):
+        if self.graph is not None:
+            self.graph.replay()
+            return self.out
+        return self.run()
+
+
+def _phase_profile():
+    from sidecar.common.phases import PhaseRange
+    from sidecar.engine import EngineProfile
+
+    return EngineProfile(name="fake", phase_ranges=(PhaseRange("fake: prepare", "prepare", "worker"),
+                                                    PhaseRange("fake: forward", "forward", "worker")))
+
+
+PHASE_PROFILE = _phase_profile()
 
 
 class ModelOfTheFake(torch.nn.Module):

@@ -13,7 +13,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 ENDPOINT = re.compile(r"`((?:[A-Z]+\|)*[A-Z]+) (/[^`\s]*)`")
 # Not for people: the engine processes' own channel and metric push, and the machine-readable API description;
 # not for a shell: the home page, a browser's view of what `status`, `list`, `capture` and `sync` do.
-NOT_COMMANDS = {("GET", "/probe/ws"), ("POST", "/v1/metrics"), ("GET", "/openapi.json"), ("GET", "/")}
+# and the home page's chart (its read of the recorder, made for a browser that refreshes it).
+NOT_COMMANDS = {("GET", "/probe/ws"), ("POST", "/v1/metrics"), ("GET", "/openapi.json"), ("GET", "/"),
+                ("GET", "/recorder/timeline")}
 
 
 def _headings() -> list[set[tuple[str, str]]]:

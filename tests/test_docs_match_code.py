@@ -824,7 +824,11 @@ def _recorder_built_here() -> dict:
     """The recorder's answer for a process with a row of everything: a step, an open step, a GC pause, a
     finished request and one in flight (the fake engines of the live sidecar record no requests)."""
     now = time.time_ns()
-    steps = flight_ring.StepRing(8)
+    from sidecar.probe.gpu_memory import GpuMemory
+
+    gpu = GpuMemory(lambda: (1 << 20, 2 << 20), max_step_ns=10**9, trials=1)  # a process with CUDA's columns
+    gpu.decide()
+    steps = flight_ring.StepRing(8, gpu)
     steps.begin(now - 3_000_000)
     steps.end(7, True, batch=2, tokens=9, prefill_tokens=5, decode_tokens=4, running=2, waiting=1, now_ns=now - 2_000_000)
     steps.begin(now - 1_000_000)

@@ -62,20 +62,23 @@ class PhaseScopes:
         self._vllm_scopes = vllm_scopes
         self._scopes_on = False
 
-    def __call__(self, on: bool) -> None:
+    def __call__(self, on: bool, ranges: Callable[[str], Any] | None = None) -> None:
+        """``ranges``: what each range enters, made from its name (None: torch's ``record_function``;
+        an nsys capture gives NVTX ranges, sidecar/probe/capture/nsys.py)."""
         if on:
-            self._on()
+            self._on(ranges)
         else:
             self._off()
 
-    def _on(self) -> None:
+    def _on(self, ranges: Callable[[str], Any] | None = None) -> None:
         if self._ranges.on or self._scopes_on:
             return
-        self._ranges(True)
+        self._ranges(True, ranges)
         if self._vllm_scopes:
-            from torch.autograd.profiler import record_function
+            if ranges is None:
+                from torch.autograd.profiler import record_function as ranges
 
-            _vllm_scopes_on(record_function)
+            _vllm_scopes_on(ranges)
             self._scopes_on = True
 
     def _off(self) -> None:

@@ -10,6 +10,7 @@ when that command is chosen (``_COMMAND_MODULES``).
     serve       ``sidecar serve``: the sidecar service beside an engine
     jobs        ``sidecar capture``, ``sync``, ``status``, ``list``, ``stop``, ``summary``, ``download``, ``watch``, ``metrics``
     modules     ``sidecar modules``: which layer of the running model is slow
+    memory      ``sidecar memory``: the CUDA caching allocator over N steps: peak, sites, fragmentation
     incidents   ``sidecar recorder``, ``stacks``, ``requests``, ``triggers``
     fleet       ``sidecar fleet``: a command on many sidecars at once (fleet_common: what they share;
                 fleet_compare: ``fleet capture`` and ``fleet recorder``, the replicas compared)
@@ -40,6 +41,7 @@ _COMMAND_MODULES = {
     "watch": "sidecar.cli.jobs",
     "metrics": "sidecar.cli.jobs",
     "modules": "sidecar.cli.modules",
+    "memory": "sidecar.cli.memory",
     "recorder": "sidecar.cli.incidents",
     "stacks": "sidecar.cli.incidents",
     "requests": "sidecar.cli.incidents",

@@ -148,4 +148,6 @@ def describe(status: dict[str, Any]) -> str:
         lines.append(f"  merged trace: {status['trace']} ({status['trace_bytes'] / 1024:.1f} KiB)")
     if status.get("headline"):
         lines.append(f"  {status['headline']}")
+    if status.get("backend") == "nsys" and status.get("nsys"):
+        lines.append(f"  nsys report: {status['nsys'].get('report')}")
     return "\n".join(lines)

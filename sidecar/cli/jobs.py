@@ -44,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--with-modules", action="store_true",
                    help="record torch's module hierarchy where the model runs (with its traced stacks): "
                         "the summary's time per module")
+    p.add_argument("--nsys", action="store_true",
+                   help="backend=nsys: mark the steps for an engine run under `nsys profile "
+                        "--capture-range=cudaProfilerApi` (cudaProfilerStart/Stop and NVTX ranges; docs/gpu.md) "
+                        "instead of recording a torch.profiler trace")
     p.add_argument("--timeout", type=float, default=None,
                    help=f"give up on the capture after this many seconds (the sidecar's timeout_s; default "
                         f"{config.DEFAULT_CAPTURE_TIMEOUT_S:g})")
@@ -160,6 +164,7 @@ def _capture(args: argparse.Namespace, client: SidecarClient) -> int:
         instance=args.instance, with_stack=args.with_stack or None, stacks=args.stacks, stack_hz=args.stack_hz,
         record_shapes=args.record_shapes or None, profile_memory=args.profile_memory or None,
         with_flops=args.with_flops or None, with_modules=args.with_modules or None, timeout_s=args.timeout,
+        backend="nsys" if args.nsys else None,
     )
     progress = Progress()
     try:

@@ -35,6 +35,10 @@ probe → sidecar
               error?, stop_reason?}
   modules    {job_id, state, steps_recorded, steps_seen?, step_rate?, first_step?, clock, rows?, hooks_before,
               hooks_after, error?, stop_reason?}   a module-timing job: one row per module with "done"
+  memory     {job_id, state, steps_recorded, steps_seen?, step_rate?, first_step?, summary?, file?, bytes,
+              entries, error?, stop_reason?}       a memory snapshot: with "done", the probe's JSON summary
+                                                   of the allocator's history and the path of the raw
+                                                   snapshot (a pickle the sidecar never unpickles)
   answer     {query_id, kind, data?, file?, error?}   the answer to a query (below)
   request_capture          {ask, request_id, steps}  a window process (the API server) asks for a
                                                    capture bound to one request, which waits for the
@@ -56,6 +60,9 @@ sidecar → probe
   sync_arm   {spec: SyncSpec}       the probe answers ``sync`` state=armed with steps_seen
   module_arm {spec: ModuleSpec}     the probe answers ``modules`` state=armed with steps_seen, where
                                     it knows its model (``ProcessIdentity.extra["model"]``)
+  memory_arm {spec: MemorySpec}     the probe answers ``memory`` state=armed with steps_seen; sent only
+                                    where ``ProcessIdentity.extra["memory_snapshot"]`` says the probe
+                                    knows the job and ``cuda`` that it has a caching allocator to read
   begin      {job_id, start_step}   record from this working step on, the same in every process
   stop       {job_id, reason}       end early, keeping what was recorded
   verdict    {job_id, state, reason?, steps, processes, trace_bytes, trace?, started_by?}
@@ -147,6 +154,9 @@ Activity = Literal["cpu", "cuda"]
 # with_stack, applied only in roles whose ``Role.traced_stacks`` says it is affordable, sampled in
 # the others. A report's ``stacks`` says what that process recorded.
 StackMode = Literal["none", "sampled", "traced"]
+# What records a capture: torch.profiler (a trace file per process), or Nsight Systems, which runs the
+# engine and records between the probes' cudaProfilerStart and cudaProfilerStop (sidecar/probe/capture/nsys.py).
+CaptureBackend = Literal["torch", "nsys"]
 MAX_STACK_HZ = 5000.0
 StackHz = Annotated[float, msgspec.Meta(ge=1.0, le=MAX_STACK_HZ)]
 DEFAULT_STACK_HZ = 1000.0
@@ -222,6 +232,7 @@ class CaptureSpec(msgspec.Struct, frozen=True, kw_only=True):
     with_modules: bool = False
     # The request this capture is bound to (a request-scoped capture); None: any other capture.
     request_id: RequestId | None = None
+    backend: CaptureBackend = "torch"
 
 
 class SyncSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -229,11 +240,36 @@ class SyncSpec(msgspec.Struct, frozen=True, kw_only=True):
     steps: Steps
 
 
+# The memory snapshot's bounds: the allocator's history is a ring of at most this many entries (each
+# a few KB with its Python stack), and the raw snapshot file at most this many bytes.
+DEFAULT_MEMORY_ENTRIES = 100_000
+MAX_MEMORY_ENTRIES = 1_000_000
+DEFAULT_MEMORY_FILE_BYTES = 256 * 2**20
+
+
 class ModuleSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Time every ``nn.Module`` of this process's model for ``steps`` working steps (forward hooks)."""
 
     id: JobId
     steps: Steps
+
+
+class MemorySpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Record the CUDA caching allocator's history for ``steps`` working steps, at most ``max_entries``
+    alloc/free events (``torch.cuda.memory._record_memory_history``), then snapshot it; a raw snapshot
+    file over ``max_bytes`` is not kept (the summary is)."""
+
+    id: JobId
+    steps: Steps
+    max_entries: Annotated[int, msgspec.Meta(ge=1, le=MAX_MEMORY_ENTRIES)] = DEFAULT_MEMORY_ENTRIES
+    max_bytes: Annotated[int, msgspec.Meta(ge=1)] = DEFAULT_MEMORY_FILE_BYTES
+
+
+# A probe that knows the memory-snapshot job says so in its identity's extra (the sidecar sends
+# ``memory_arm`` only there: an older probe never gets a frame it does not know).
+MEMORY_EXTRA = "memory_snapshot"
+P_RECORDING = "recording"  # a memory snapshot's process state while the allocator records its history
+MemoryState = Literal["armed", "recording", "done", "failed"]
 
 
 # A process whose engine integration told its probe where the model is (``ProcessIdentity.extra``):
@@ -318,6 +354,10 @@ class _JobReport(_Message, kw_only=True):
     first_step: Count | None = None  # the working step recording started at
     error: Text | None = None
     stop_reason: Text | None = None
+    # With "done", a job that cannot see inside a replayed CUDA graph (module timing, a sync scan):
+    # the steps of its window in which the engine replayed one, and the replays (sidecar/common/cuda_graphs.py).
+    graph_steps: Count = 0
+    graph_replays: Count = 0
 
 
 class CaptureReport(_JobReport, tag="capture", kw_only=True):
@@ -335,6 +375,10 @@ class CaptureReport(_JobReport, tag="capture", kw_only=True):
     # With "done" and sampled stacks whose samples could not be saved: {"samples", "error"} (why the
     # stacks are lost; the trace is not). The sidecar's summary of a samples file takes this place.
     stack_summary: dict[str, Any] | None = None
+    # An nsys capture (backend "nsys"): {"cuda_profiler": whether this process called
+    # cudaProfilerStart/Stop, "step_ranges": NVTX step ranges pushed, "phase_ranges": whether its phases
+    # had NVTX ranges, "phase_note": why not}; None: a torch.profiler capture.
+    nsys: dict[str, Any] | None = None
 
 
 class SyncReport(_JobReport, tag="sync", kw_only=True):
@@ -352,6 +396,16 @@ class ModuleReport(_JobReport, tag="modules", kw_only=True):
     hooks_after: Count = 0
 
 
+class MemoryReport(_JobReport, tag="memory", kw_only=True):
+    state: MemoryState
+    # With "done": the probe's summary of its snapshot (sidecar/probe/memory_summary.py); its size is
+    # bounded there (fixed top-K tables, a series of at most a few hundred points).
+    summary: dict[str, Any] | None = None
+    file: Text | None = None  # with "done": the raw snapshot the probe wrote (None: not kept, see summary)
+    bytes: Count = 0
+    entries: Count = 0  # alloc/free events in the history the snapshot holds
+
+
 class Arm(_Message, tag="arm", kw_only=True):
     spec: CaptureSpec
 
@@ -362,6 +416,10 @@ class SyncArm(_Message, tag="sync_arm", kw_only=True):
 
 class ModuleArm(_Message, tag="module_arm", kw_only=True):
     spec: ModuleSpec
+
+
+class MemoryArm(_Message, tag="memory_arm", kw_only=True):
+    spec: MemorySpec
 
 
 class Begin(_Message, tag="begin", kw_only=True):
@@ -417,6 +475,10 @@ class Query(_Message, tag="query", kw_only=True):
     seconds: Annotated[float, msgspec.Meta(ge=0, le=MAX_QUERY_SECONDS)] = 0.0
     hz: Annotated[float, msgspec.Meta(ge=1, le=1000)] = 100.0  # stacks sampling rate
     only_step_thread: bool = False  # stacks sampling: the step thread alone
+    # recorder: only the rows ending at or after this time (unix ns, the probe's clock; 0: none): the
+    # home page's refreshes ask for what is new since their last read. Optional: a probe that predates
+    # it ignores it and sends its last ``seconds``, which the sidecar cuts the same way.
+    since_ns: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
 
 
 class Answer(_Message, tag="answer", kw_only=True):
@@ -489,8 +551,8 @@ class StepAlarm(_Message, tag="step_alarm", kw_only=True):
     threshold_ms: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
 
-FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, ModuleReport, Answer, RequestCapture, RequestCaptureRelease,
+FromProbe = Union[Hello, Proof, Heartbeat, CaptureReport, SyncReport, ModuleReport, MemoryReport, Answer, RequestCapture, RequestCaptureRelease,
                   ClockReply, FileChunk]
 FromSidecar = Union[Challenge, Arm, SyncArm, Begin, Stop, Verdict, Query, RequestCaptureAnswer, ClockProbe, Fetch,
-                    ModuleArm, StepAlarm]
-JobReport = Union[CaptureReport, SyncReport, ModuleReport]
+                    ModuleArm, StepAlarm, MemoryArm]
+JobReport = Union[CaptureReport, SyncReport, ModuleReport, MemoryReport]

@@ -62,9 +62,11 @@ class MethodRanges:
         self._targets = targets
         self._shadowed: list[tuple[Any, str]] = []
 
-    def __call__(self, on: bool) -> None:
+    def __call__(self, on: bool, ranges: Callable[[str], Any] | None = None) -> None:
+        """``ranges``: what each range enters, a context manager made from its name (None: torch's
+        ``record_function``; an nsys capture's NVTX ranges, sidecar/probe/capture/nsys.py)."""
         if on:
-            self._on()
+            self._on(ranges)
         else:
             self._off()
 
@@ -72,10 +74,13 @@ class MethodRanges:
     def on(self) -> bool:
         return bool(self._shadowed)
 
-    def _on(self) -> None:
+    def _on(self, ranges: Callable[[str], Any] | None = None) -> None:
         if self._shadowed:
             return
-        from torch.autograd.profiler import record_function
+        if ranges is not None:
+            record_function = ranges
+        else:
+            from torch.autograd.profiler import record_function
 
         for obj, attr, name, *context in self._targets():
             state = getattr(obj, "__dict__", None)

@@ -26,7 +26,7 @@ from .capture import trace_root as roots
 
 log = logging.getLogger(__name__)
 
-_SENDABLE_SUFFIXES = (".json", ".msgpack")
+_SENDABLE_SUFFIXES = (".json", ".msgpack", ".pickle")  # .pickle: a memory snapshot's raw file
 
 
 class FileSender:

@@ -25,7 +25,8 @@ passes ints; ``UNKNOWN`` (-1) means "not known in this process".
 Memory (rows of 8 bytes per field, ``capacity + 1`` slots, see below):
 
 * ``StepRing``: 10 fields, 80 B a row; 65,536 rows (default) -> 5,242,960 B (5.0 MiB) per
-  step-driven process, 10.9 minutes at 100 steps/s.
+  step-driven process, 10.9 minutes at 100 steps/s. A process with CUDA adds the allocator's bytes
+  (``GPU_MEMORY_FIELDS``, read as gpu_memory.py says): 12 fields, 96 B a row, 6,291,552 B (6.0 MiB).
 * ``GcPauses``: 5 fields, 40 B a row; 4,096 rows -> 163,880 B (160 KiB) per process; only pauses of
   1 ms or more take a row by default, every pause counts in its totals.
 * ``RequestRing``: 6 fields and an id, 48 + 8 B a row; 16,384 rows -> 917,560 B (896 KiB) in the API
@@ -57,7 +58,7 @@ from time import time_ns
 from typing import Any, Callable, Mapping, Optional
 
 from ..common.config import ENV_RECORDER_STEPS, env_number
-from ..common.recorder_fields import GC_FIELDS, OUTCOMES, REQUEST_FIELDS, STEP_FIELDS, UNKNOWN_OUTCOME
+from ..common.recorder_fields import GC_FIELDS, GPU_MEMORY_FIELDS, OUTCOMES, REQUEST_FIELDS, STEP_FIELDS, UNKNOWN_OUTCOME
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ DEFAULT_REQUEST_CAPACITY = 16384
 # 100 steps/s). A typo with three more zeros must not take the engine's memory.
 MAX_STEP_CAPACITY = 1 << 22
 UNKNOWN = -1
+TAIL_MARGIN_ROWS = 256  # an incremental dump copies this many rows more than the ring said it needs
 
 _FIELD_BYTES = 8
 _STEP_END = STEP_FIELDS.index("end_ns")
@@ -146,16 +148,59 @@ class _PackedRows:
         return [[column[j] for j in picks] for column in ([side] if side is not None else []) + whole]
 
 
+    def _read_newest(self, newest: int) -> tuple[int, memoryview, bool]:
+        """As ``_read`` (no side list) for the ``newest`` rows at most: (rows written when the read
+        began, those of them still intact, oldest first, as one flat int64 view, whether they reach
+        back to the oldest row the ring holds). Only their slots are copied, in one or two C calls
+        (the rows wrap around the end of the buffer): each copies whole rows, and the module
+        docstring's argument holds for each, so a row the writer touched meanwhile is left out."""
+        n1 = self.written
+        slots, width = self._slots, self._row_bytes
+        want = max(0, min(newest, self.capacity, n1))
+        lo = (n1 - want) % slots
+        hi = lo + want
+        with memoryview(self._rows) as view:
+            if hi <= slots:
+                packed = view[lo * width:hi * width].tobytes()
+            else:
+                packed = view[lo * width:].tobytes() + view[:(hi - slots) * width].tobytes()
+        n2 = self.written
+        first = max(0, n2 - self.capacity, n1 - want)  # rows before it may be overwritten: left out
+        packed = packed[(first - (n1 - want)) * width:]
+        return n1, memoryview(packed).cast("q"), first == max(0, n2 - self.capacity)
+
+    def _tail_columns(self, flat: memoryview, keys: memoryview, since_ns: int,
+                      whole: bool) -> Optional[list[list]]:
+        """The columns of the rows from the first key >= ``since_ns``, found by bisecting the keys'
+        strided view: no Python int made but for the rows kept. None when that cannot be told from
+        these rows: the cut at their very first row where older rows were not copied (``whole``
+        False), or keys around the cut or after it out of order (the wall clock was stepped back
+        there); the caller then reads the whole ring. A step back among the older rows alone can hide
+        a row from this read; the incremental reader reaches back before its last read
+        (service/incidents/recorder_window.py), which had it."""
+        lo = bisect_left(keys, since_ns)
+        kept = keys[lo:].tolist()
+        if (lo == 0 and len(keys) and not whole) or (lo and keys[lo - 1] >= since_ns) \
+                or any(a > b for a, b in zip(kept, kept[1:])):
+            return None
+        fields = self._fields
+        return [flat[lo * fields + k::fields].tolist() for k in range(fields)]
+
+
 class StepRing(_PackedRows):
     """The newest ``capacity`` steps of one step-driven process, written on its step thread.
 
     ``begin()`` at the start of every engine step, ``end(...)`` at its end; a watchdog on another
     thread reads ``open_since_ns`` to see a step that has not ended."""
 
-    __slots__ = ("open_since_ns", "step_thread_id")
+    __slots__ = ("open_since_ns", "step_thread_id", "gpu", "fields")
 
-    def __init__(self, capacity: int = DEFAULT_STEP_CAPACITY) -> None:
-        super().__init__(capacity, len(STEP_FIELDS))
+    def __init__(self, capacity: int = DEFAULT_STEP_CAPACITY, gpu: Any = None) -> None:
+        """``gpu``: a process with CUDA's ``GpuMemory`` (gpu_memory.py): each row then has the
+        allocator's bytes at the step's end too (``GPU_MEMORY_FIELDS``, two more fields)."""
+        self.fields = STEP_FIELDS + GPU_MEMORY_FIELDS if gpu is not None else STEP_FIELDS
+        super().__init__(capacity, len(self.fields))
+        self.gpu = gpu
         # Start of the step begun and not yet ended, else 0. Written on the step thread (the probe
         # writes it inline, a call cheaper than begin()); the watchdog reads it from another thread.
         self.open_since_ns = 0
@@ -179,8 +224,16 @@ class StepRing(_PackedRows):
         (tests/probe/test_probe_ring.py holds them to the same rows)."""
         now = now_ns or time_ns()
         # ``working`` is a bool, which "q" packs as 0 or 1 (bool is an int): no conversion here.
-        self._pack(self._rows, self.written % self._slots * self._row_bytes, step, self.open_since_ns or now,
-                   now, working, batch, tokens, prefill_tokens, decode_tokens, running, waiting)
+        gpu = self.gpu
+        if gpu is None:
+            self._pack(self._rows, self.written % self._slots * self._row_bytes, step, self.open_since_ns or now,
+                       now, working, batch, tokens, prefill_tokens, decode_tokens, running, waiting)
+        else:
+            if gpu.at_step_end:
+                gpu.read_now()
+            self._pack(self._rows, self.written % self._slots * self._row_bytes, step, self.open_since_ns or now,
+                       now, working, batch, tokens, prefill_tokens, decode_tokens, running, waiting,
+                       gpu.allocated, gpu.reserved)
         self.open_since_ns = 0
         self.written += 1
 
@@ -189,6 +242,20 @@ class StepRing(_PackedRows):
     def open_step(self) -> int:
         """The row index the open step will take (rows written so far), ``UNKNOWN`` when none is open."""
         return self.written if self.open_since_ns else UNKNOWN
+
+    def _rows_since(self, since_ns: int) -> int:
+        """How many of the newest rows end at or after ``since_ns``, by bisecting the live rows' ends
+        (each read one C call, so whole): a hint for ``_read_newest``, as the writer moves on meanwhile."""
+        written = self.written
+        lo, hi = max(0, written - self.capacity), written
+        slots, width, rows = self._slots, self._row_bytes, self._rows
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _STEP_HEAD.unpack_from(rows, mid % slots * width)[2] < since_ns:
+                lo = mid + 1
+            else:
+                hi = mid
+        return written - lo
 
     def slowest_since(self, index: int) -> tuple[float | None, int | None, int]:
         """The slowest step that ended since row ``index`` (a count of ``written`` read earlier):
@@ -230,16 +297,28 @@ class StepRing(_PackedRows):
             return None
         return (last_step - first_step) * 1e9 / (last_end - first_end)
 
-    def dump(self, since_ns: int = 0) -> dict[str, Any]:
+    def dump(self, since_ns: int = 0, *, tail: bool = False) -> dict[str, Any]:
         """The ring's rows, oldest first, those ending at or after ``since_ns``, as columns
-        (JSON-able). Safe while ``end()`` runs on another thread."""
-        written, flat, _ = self._read()
-        # Read after the rows: a step open now has an index >= written, so it is not among them.
-        open_since = self.open_since_ns
-        ends = flat[_STEP_END::len(STEP_FIELDS)].tolist()
-        columns = self._columns(flat, ends, since_ns)
-        return {"clock": "unix_ns", "capacity": self.capacity, "written": written,
-                "open_since_ns": open_since, "steps": dict(zip(STEP_FIELDS, columns))}
+        (JSON-able). Safe while ``end()`` runs on another thread. ``tail``: the caller asks for the
+        few newest rows (an incremental read, Query.since_ns): found by bisection (``_tail_columns``)."""
+        columns = None
+        if tail and since_ns > 0:  # the newest rows only: a margin more than the ring says it has
+            want = self._rows_since(since_ns) + TAIL_MARGIN_ROWS
+            written, flat, whole = self._read_newest(want)
+            open_since = self.open_since_ns
+            ends = flat[_STEP_END::len(self.fields)]
+            columns = self._tail_columns(flat, ends, since_ns, whole)
+        if columns is None:
+            written, flat, _ = self._read()
+            # Read after the rows: a step open now has an index >= written, so it is not among them.
+            open_since = self.open_since_ns
+            ends = flat[_STEP_END::len(self.fields)]
+            columns = self._columns(flat, ends.tolist(), since_ns)
+        dump = {"clock": "unix_ns", "capacity": self.capacity, "written": written,
+                "open_since_ns": open_since, "steps": dict(zip(self.fields, columns))}
+        if self.gpu is not None:  # how its gpu_* columns were read (gpu_memory.py): step_end, sampled, pending
+            dump["gpu_memory_source"] = self.gpu.source
+        return dump
 
 
 class GcPauses(_PackedRows):

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from .modules_timer import ModuleTimer, hook_count
 from ..common.protocol import P_DONE, P_TIMING, ModuleReport, ModuleRow, ModuleSpec
+from ..common.cuda_graphs import GraphReplays
 from ..common.step_window import StepWindow
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,11 @@ class ModuleTiming(StepWindow):
     CANCELLED = "no step timed before the job ended"
 
     def __init__(self, spec: ModuleSpec, report: Report, model: Callable[[], Any], exporter: Executor,
-                 cuda: bool = False) -> None:
+                 cuda: bool = False, graphs: GraphReplays | None = None) -> None:
+        """``graphs``: counts the engine's CUDA graph replays in the window (default: torch's class): a
+        replay runs no forward hook, so the report says in how many steps the model ran unseen."""
         super().__init__(spec.steps)
+        self._graphs = graphs if graphs is not None else GraphReplays()
         self.spec = spec
         self._report = report
         self._locate = model
@@ -59,8 +63,19 @@ class ModuleTiming(StepWindow):
             timer.remove()  # the hooks that went in come out again
             raise
         self._timer = timer
+        try:
+            self._graphs.install()
+        except Exception as exc:  # no count of replays: the timing goes on
+            log.warning("inference-sidecar: CUDA graph replays not counted: %s", exc)
+
+    def _step_began(self, n: int, new: bool) -> None:
+        self._graphs.step_began()
+
+    def _step_ended(self) -> None:
+        self._graphs.step_ended()
 
     def _stop_recording(self) -> None:
+        self._graphs.uninstall()
         timer, self._timer = self._timer, None
         try:  # nothing of this may reach the engine's step
             timer.remove()
@@ -78,7 +93,8 @@ class ModuleTiming(StepWindow):
             log.warning("inference-sidecar: module timing %s: %s", self.spec.id, exc)
             self._fail(f"module times not read: {exc}")
             return
-        self._report_state(P_DONE, rows=rows, hooks_before=self._hooks_before, hooks_after=hooks_after)
+        self._report_state(P_DONE, rows=rows, hooks_before=self._hooks_before, hooks_after=hooks_after,
+                           graph_steps=self._graphs.steps, graph_replays=self._graphs.replays)
 
     def _report_state(self, state: str, **fields: Any) -> None:
         self._report(ModuleReport(

@@ -49,6 +49,7 @@ from ..common.protocol import (
 from ..common.protocol_codec import PROTOCOL_VERSION, decode_hello, encode
 from ..stacks import threads as thread_stacks
 from .flight_ring import GcPauses, RequestRing, StepRing, capacity_from_environment
+from .gpu_memory import GpuMemory
 from . import sync_tools
 from .file_sender import FileSender
 from .heartbeat import HeartbeatSource
@@ -57,8 +58,11 @@ from .link import SidecarLink
 from .queries import QueryAnswerer
 from .capture.profiler_options import stack_mode
 from .capture.profiler import StepCapture, WindowCapture
+from .capture.nsys import NsysCapture, TorchCudaCalls
 from ..common.protocol import MODEL_EXTRA, ModuleArm, ModuleReport, ModuleSpec
 from .modules_job import ModuleTiming
+from ..common.protocol import MEMORY_EXTRA, MemoryArm, MemoryReport, MemorySpec
+from .memory_job import SUFFIX as MEMORY_SUFFIX, Allocator, MemorySnapshot, TorchAllocator
 from .request_capture import RequestCaptureAsks
 from .capture.marker import MarkerName
 from .capture.trace_root import TraceRoot
@@ -109,6 +113,9 @@ class Probe:
         instance: str = "",
         model: Callable[[], Any] | None = None,
         phase_scopes: Callable[[bool], None] | None = None,
+        memory_allocator: Allocator | None = None,
+        cuda_calls: Any = None,
+        gpu_memory: Any = None,
     ) -> None:
         """``role``: one of ``profile.roles`` (ValueError otherwise). ``loop``: the asyncio loop a
         process without steps records on (API server). ``on_capture_report``: also told of every
@@ -122,7 +129,12 @@ class Probe:
         SIDECAR_RECORDER_STEPS and SIDECAR_WATCHDOG_S. ``instance``: the engine instance this
         process belongs to (processes of one count the same steps), where several may share a sidecar.
         ``phase_scopes``: the engine's switch of this process's phase ranges (the profile's
-        ``phase_ranges``), on while a capture records and off otherwise, called on the recording thread."""
+        ``phase_ranges``), on while a capture records and off otherwise, called on the recording thread.
+        ``memory_allocator``: the CUDA caching allocator the memory-snapshot job reads (memory_job.py;
+        default: torch.cuda's where this process has CUDA), a stand-in in tests.
+        ``cuda_calls``: what an nsys capture calls (capture/nsys.py ``CudaCalls``) instead of torch's
+        CUDA profiler and NVTX functions: a test's recorder. ``gpu_memory``: the allocator's bytes for the
+        step rows (gpu_memory.py ``GpuMemory``), instead of the one a step-driven process with CUDA makes."""
         if cuda_available is None:
             cuda_available = _cuda_available()
         self.profile = profile
@@ -131,6 +143,9 @@ class Probe:
         # here, once, so a bad identity (a negative rank) fails the probe's start, loudly.
         if model is not None:  # the sidecar sends its module-timing jobs only where a model is
             self.identity = msgspec.structs.replace(self.identity, extra={**self.identity.extra, MODEL_EXTRA: True})
+        # It knows the memory-snapshot job (the sidecar sends it only where this says so and CUDA is).
+        self.identity = msgspec.structs.replace(self.identity, extra={**self.identity.extra, MEMORY_EXTRA: True})
+        self._allocator = memory_allocator
         # A probe id of its own: its files' names carry it (``probe_file_stem``), unique on a shared disk.
         self.identity = msgspec.structs.replace(self.identity, probe_id=secrets.token_hex(4))
         decode_hello(encode(Hello(protocol=PROTOCOL_VERSION, process=self.identity, nonce="0" * 64)))
@@ -158,13 +173,21 @@ class Probe:
         # The flight recorder (sidecar/probe/flight_ring.py): always on, fixed memory. Steps in step-driven
         # processes; finished requests where the engine integration adds them (the API server).
         capacity = capacity_from_environment() if recorder_steps is None else recorder_steps
-        self.ring: StepRing | None = StepRing(capacity) if self.identity.step_driven and capacity > 0 else None
+        self.gpu_memory = None
+        if self.identity.step_driven and capacity > 0 and (gpu_memory is not None or cuda_available):
+            try:  # the recorder without memory columns rather than no probe
+                self.gpu_memory = (gpu_memory if gpu_memory is not None else GpuMemory()).start()
+            except Exception as exc:
+                log.warning("inference-sidecar: allocator bytes not recorded: %s", exc)
+        self.ring: StepRing | None = (StepRing(capacity, self.gpu_memory)
+                                      if self.identity.step_driven and capacity > 0 else None)
         wants_ring = not self.identity.step_driven if request_ring is None else request_ring
         self.request_ring: RequestRing | None = RequestRing() if wants_ring else None
         self.gc_pauses = GcPauses(step_thread_id=self._step_thread_id)
         self.gc_pauses.install()
         self._in_flight = in_flight
         self._phase_scopes = phase_scopes
+        self._cuda_calls = cuda_calls
         threshold = threshold_from_environment() if watchdog_s is None else watchdog_s
         self.watchdog = None
         if threshold > 0 and self.ring is not None:
@@ -207,6 +230,8 @@ class Probe:
 
     def close(self) -> None:
         self._link.close()
+        if self.gpu_memory is not None:
+            self.gpu_memory.close()
         self._exporter.shutdown(wait=False)
         self.gc_pauses.uninstall()
         if self._marker:
@@ -248,8 +273,16 @@ class Probe:
             # fewer per step, about 50 ns of the recorder's cost here (benchmarks/bench_hooks.py).
             now = now_ns or time_ns()
             written = ring.written
-            ring._pack(ring._rows, written % ring._slots * ring._row_bytes, self.steps, ring.open_since_ns or now,
-                       now, did_work, batch, tokens, prefill_tokens, decode_tokens, running, waiting)
+            gpu = ring.gpu
+            if gpu is None:
+                ring._pack(ring._rows, written % ring._slots * ring._row_bytes, self.steps, ring.open_since_ns or now,
+                           now, did_work, batch, tokens, prefill_tokens, decode_tokens, running, waiting)
+            else:  # the allocator's bytes: read now where that is cheap, else the sampler's latest (gpu_memory.py)
+                if gpu.at_step_end:
+                    gpu.read_now()
+                ring._pack(ring._rows, written % ring._slots * ring._row_bytes, self.steps, ring.open_since_ns or now,
+                           now, did_work, batch, tokens, prefill_tokens, decode_tokens, running, waiting,
+                           gpu.allocated, gpu.reserved)
             ring.open_since_ns = 0
             ring.written = written + 1  # after the row: a reader never counts a row being written
         watch = self._watch
@@ -300,6 +333,8 @@ class Probe:
                 self._arm_scan(spec)
             case ModuleArm(spec=spec):
                 self._arm_modules(spec)
+            case MemoryArm(spec=spec):
+                self._arm_memory(spec)
             case Begin(job_id=job_id, start_step=start_step):
                 job = self._job(job_id)
                 if job is not None:
@@ -346,6 +381,9 @@ class Probe:
             log.warning("inference-sidecar: capture %s refused: %s", spec.id, problem)
             self._link.send(CaptureReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
             return
+        if spec.backend == "nsys":
+            self._arm_nsys(spec)
+            return
         stacks = stack_mode(spec, self.profile.role(self.identity.role))
         if self.identity.step_driven:
             # With a listener (a single-process engine's capture spans) its reports go to it too; else
@@ -366,6 +404,21 @@ class Probe:
             self._capture = capture
             capture.start_window()
 
+    def _arm_nsys(self, spec: CaptureSpec) -> None:
+        """An nsys capture (capture/nsys.py): step-driven processes only (the sidecar sends it to no other)."""
+        try:
+            if not self.identity.step_driven:
+                raise RuntimeError("an nsys capture marks steps: this process takes none")
+            calls = self._cuda_calls if self._cuda_calls is not None else TorchCudaCalls()
+        except Exception as exc:
+            self._link.send(CaptureReport(job_id=spec.id, state=P_FAILED, error=clip(f"no nsys capture here: {exc}")))
+            return
+        report = self._report_capture if self._on_capture_report is not None else self._link.send
+        capture = NsysCapture(spec, report, calls, self.limits, self._phase_scopes,
+                              self.profile.phase_table(self.identity.role))
+        self._capture = capture
+        capture.report_armed(self.steps, self._recent_rate())
+
     def _arm_modules(self, spec: ModuleSpec) -> None:
         """A module-timing job in the second slot (modules_job.py); refused where no model is known."""
         current = self._scan
@@ -381,6 +434,33 @@ class Probe:
             self._link.send(ModuleReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
             return
         job = ModuleTiming(spec, self._link.send, self._model, self._exporter, cuda=self.identity.cuda)
+        job.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
+        self._scan = job
+        job.report_armed(self.steps, self._recent_rate())
+
+    def _arm_memory(self, spec: MemorySpec) -> None:
+        """A memory snapshot in the second slot (memory_job.py); refused without CUDA or a step loop."""
+        current = self._scan
+        problem, path = None, ""
+        if current is not None and not current.finished:
+            problem = f"job {current.spec.id} still running here"
+        elif not self.identity.cuda or not self.identity.step_driven:
+            problem = "this process has no CUDA caching allocator to record (no CUDA, or no engine steps)"
+        else:
+            problem = self.limits.steps_problem(spec.steps)
+        if problem is None:
+            try:  # the probe's own root, never a path from the message
+                path = self.trace_root.capture_file(spec.id, self.identity.probe_file_stem)[: -len(".json")]
+                path += MEMORY_SUFFIX
+            except (ValueError, OSError) as exc:
+                problem = f"cannot write a snapshot here: {exc}"
+        if problem is not None:
+            log.warning("inference-sidecar: memory snapshot %s refused: %s", spec.id, problem)
+            self._link.send(MemoryReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
+            return
+        allocator = self._allocator if self._allocator is not None else TorchAllocator()
+        job = MemorySnapshot(spec, self._link.send, allocator, self._exporter, path,
+                             max_bytes=min(spec.max_bytes, self.limits.max_trace_bytes))
         job.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
         self._scan = job
         job.report_armed(self.steps, self._recent_rate())
@@ -424,13 +504,15 @@ class Probe:
         ring = self.ring
         return ring.step_thread_id if ring is not None else None
 
-    def recorder_dump(self, seconds: float = 0.0) -> dict[str, Any]:
+    def recorder_dump(self, seconds: float = 0.0, since_ns: int = 0) -> dict[str, Any]:
         """This process's flight recorder: its last ``seconds`` (0: all it holds), as the columns of
-        each ring (sidecar/probe/flight_ring.py), with the requests in flight where it knows them."""
+        each ring (sidecar/probe/flight_ring.py), with the requests in flight where it knows them.
+        ``since_ns``: no row that ended before it either (an incremental read: Query.since_ns)."""
         since = time.time_ns() - int(seconds * 1e9) if seconds > 0 else 0
+        since = max(since, since_ns)
         dump: dict[str, Any] = {"gc": self.gc_pauses.dump(since)}
         if self.ring is not None:
-            dump["steps"] = self.ring.dump(since)
+            dump["steps"] = self.ring.dump(since, tail=since_ns > 0)
         if self.request_ring is not None:
             dump["requests"] = self.request_ring.dump(since)
         if self._in_flight is not None:

@@ -12,6 +12,7 @@ script and style only (document).
     timeline        a process's capture window as an SVG timeline: steps, GPU busy, gaps, syncs
     phases_view     a step's phases: a lane of the timeline, and each process's mean per phase
     charts          inline SVG charts: horizontal bars and a bar of shares
+    memory_page     a memory snapshot's summary as a page
     markup          the one way the pages write HTML: every text through ``esc``
     document        the HTML document every page is: inline style and script, allowed by hash in its CSP
     styles          the pages' one style sheet

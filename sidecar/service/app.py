@@ -21,6 +21,7 @@ from aiohttp import web
 from ..common.version import __version__
 from ..common import auth
 from ..common.protocol import METRICS_PUSH_PATH, PROBE_WS_PATH
+from ..common.protocol import DEFAULT_MEMORY_FILE_BYTES
 from .export import merge
 from .browser_guard import browser_guard
 from .routes.captures import add_capture_routes
@@ -33,6 +34,9 @@ from .routes.keys import CAPTURES, JOBS, QUERIES, REGISTRY, SCANS, SETTINGS, TRI
 from .routes.keys import MODULES
 from .jobs.modules import ModuleManager
 from .routes.modules import add_module_routes
+from .routes.keys import MEMORY
+from .jobs.memory import MemoryManager
+from .routes.memory import add_memory_routes
 from .routes.metrics import CAPTURE_METRICS, METRICS_REGISTRY, PUSH_LISTENERS, add_metrics_routes
 from .openapi import OPENAPI_PATH, openapi_json
 from .routes.pages import add_page_routes, unauthorized_page
@@ -158,6 +162,12 @@ def make_app(settings: ServiceSettings) -> web.Application:
     app[MODULES] = ModuleManager(registry, board, settings.trace_dir / "modules", keep=settings.keep,
                                  keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, store=job_store)
 
+    # Memory snapshots (jobs/memory.py): the fourth kind, on the same board; each raw snapshot at most
+    # --max-capture-mb or DEFAULT_MEMORY_FILE_BYTES, whichever is smaller.
+    app[MEMORY] = MemoryManager(registry, board, settings.trace_dir / "memory", keep=settings.keep,
+                                keep_bytes=settings.keep_bytes, stop_grace_s=settings.stop_grace_s, store=job_store,
+                                max_bytes=min(settings.max_capture_bytes, DEFAULT_MEMORY_FILE_BYTES))
+
     async def lifecycle(app: web.Application):
         listing = None
         if job_store is not None:  # uploads and the store's listing run in the background, never awaited by a request
@@ -181,6 +191,7 @@ def make_app(settings: ServiceSettings) -> web.Application:
     add_diff_routes(app)
     add_scan_routes(app)
     add_module_routes(app)
+    add_memory_routes(app)
     add_incident_routes(app)
     app.add_routes([web.get("/healthz", healthz)])
     # The API's OpenAPI document (docs/api.md, "OpenAPI"); behind the token like every endpoint but /healthz.

@@ -40,7 +40,7 @@ from .routes.responses import json_error
 
 # A GET to these starts a job: state changes on them whatever the method (the other starts and stops,
 # the trigger routes, and every future route that changes state take POST or DELETE).
-START_PATHS = frozenset({"/profile/start", "/sync/start", "/modules/start"})
+START_PATHS = frozenset({"/profile/start", "/sync/start", "/modules/start", "/memory/start"})
 # Reads that make the engine work (a stack sampler for up to a minute, py-spy pausing it, a recorder
 # dump of tens of MiB): a cross-site navigation must not set them off either.
 COSTLY_READS = frozenset({"/stacks", "/recorder"})

@@ -22,13 +22,19 @@ from .routes.diff import DIFF_FORMATS
 from .jobs.model import CAPTURE, MODULES, SCAN
 from .routes.keys import SETTINGS
 from .routes.metrics import DECODED_ENCODINGS, MAX_BODY_BYTES, PROTOBUF, SCRAPE_PATH
-from .jobs.params import (ACTIVITIES, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFAULT_STACKS_HZ, KNOWN, MAX_INSTANCE, MAX_STACKS_HZ,
+from .jobs.params import (ACTIVITIES, BACKENDS, BOOLEAN_OPTIONS, DEFAULT_RECORDER_SECONDS, DEFAULT_STACKS_HZ, KNOWN, MAX_INSTANCE, MAX_STACKS_HZ,
                      MIN_STACK_HZ, RECORDER_FORMATS, SCAN_KNOWN, STACK_MODES, STACKS_FORMATS, STACKS_MODES,
                      STACKS_THREADS, known_roles)
 from .jobs.params import MAX_MODULE_STEPS, MODULES_KNOWN
+from .jobs.params import MAX_MEMORY_STEPS, MEMORY_KNOWN
+from .jobs.model import MEMORY
+from ..common.protocol import DEFAULT_MEMORY_ENTRIES, MAX_MEMORY_ENTRIES
 from .store.layout import FLEET_ID
 from ..common.protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS
 from .incidents import trigger_rules as tr
+from .incidents import recorder_timeline as tl
+from .routes.timeline import MAX_SECONDS as TIMELINE_MAX_S, MAX_SLOW_MS as TIMELINE_MAX_SLOW_MS
+from .routes.timeline import MIN_SECONDS as TIMELINE_MIN_S, TIMELINE_PATH
 from .incidents import alert_payload as ap
 from .incidents.alert_actions import MAX_LABEL_VALUE
 from .routes.alerts import MAX_BODY_BYTES as ALERTS_MAX_BODY_BYTES
@@ -77,14 +83,23 @@ def _start_parameters(max_steps: int) -> dict[str, dict[str, Any]]:
         "stack_hz": {"schema": {"type": "number", "minimum": MIN_STACK_HZ, "maximum": MAX_STACK_HZ,
                                 "default": DEFAULT_STACK_HZ},
                      "description": "sampling rate of sampled stacks (only with stacks)"},
+        "backend": {"schema": {"type": "string", "enum": list(BACKENDS), "default": "torch"},
+                    "description": "torch: a torch.profiler trace; nsys: cudaProfilerStart/Stop and NVTX ranges "
+                                   "for an engine run under nsys launch --capture-range=cudaProfilerApi "
+                                   "(docs/gpu.md); the torch.profiler options are a 400 beside it"},
         "fleet": {"schema": {"type": "string", "pattern": f"^{FLEET_ID.pattern}$"},
                   "description": "the fleet capture this one belongs to: stored under fleets/<fleet>/ (docs/fleet.md)"},
         "baseline": {"schema": {"type": "string", "pattern": id_pattern(SCAN)},
                      "description": "id of an earlier scan: new_sites lists only sites it did not have"},
         **{name: {"schema": boolean, "description": "torch.profiler option"} for name in BOOLEAN_OPTIONS},
+        "max_entries": {"schema": {"type": "integer", "minimum": 1, "maximum": MAX_MEMORY_ENTRIES,
+                                   "default": DEFAULT_MEMORY_ENTRIES},
+                        "description": "a memory snapshot's history: at most this many alloc/free events "
+                                       "(torch's max_entries)"},
     }
-    if set(params) != KNOWN | SCAN_KNOWN:
-        raise RuntimeError(f"start parameters documented {sorted(params)} != parsed {sorted(KNOWN | SCAN_KNOWN)}")
+    parsed = KNOWN | SCAN_KNOWN | MEMORY_KNOWN
+    if set(params) != parsed:
+        raise RuntimeError(f"start parameters documented {sorted(params)} != parsed {sorted(parsed)}")
     return params
 
 
@@ -131,7 +146,8 @@ def _ok(description: str, required: list[str] | None = None, content_type: str =
 
 _STARTED = ["id", "state", "url", "processes"]
 _STOPPED = ["id", "state", "url"]
-_BUSY = "another job runs (capture_in_progress, scan_in_progress or module_timing_in_progress, with active)"
+_BUSY = ("another job runs (capture_in_progress, scan_in_progress, module_timing_in_progress or "
+         "memory_snapshot_in_progress, with active)")
 
 
 def _start(kind: str, names: set[str]) -> dict[str, Any]:
@@ -254,6 +270,27 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                                              "404": _error("no such module timing")}},
     ("GET", "/modules"): {"summary": "recent module timings, newest first",
                           "responses": {"200": _ok("the module timings", ["jobs"])}},
+    **{(m, "/memory/start"): {**_start("memory snapshot", MEMORY_KNOWN), "max_steps": MAX_MEMORY_STEPS,
+                              "description": "A 400 no_cuda when no selected process has CUDA."}
+       for m in ANY_METHOD},
+    ("POST", "/memory/stop"): {"summary": "stop the running memory snapshot early", "responses": {
+        "200": _ok("the memory snapshot, stopped", _STOPPED), "409": _error("no_active_memory_snapshot")}},
+    ("GET", "/memory/{id}"): {"summary": "a memory snapshot: each process's summary of the CUDA allocator's history",
+                              "path": [_path_param("id", id_pattern(MEMORY))],
+                              "responses": {"200": _ok("the memory snapshot", ["id", "state"]),
+                                            "404": _error("no such memory snapshot")}},
+    ("GET", "/memory/{id}/files/{name}"): {
+        "summary": "one process's raw snapshot: a pickle for PyTorch's memory viewer (docs/gpu.md)",
+        "path": [_path_param("id", id_pattern(MEMORY)), _path_param("name")], "responses": {
+            "200": _ok("the raw snapshot", content_type="application/octet-stream"),
+            "404": _error("no such memory snapshot or file"), "409": _error("the memory snapshot still runs"),
+            "410": _error("the file was removed")}},
+    ("GET", "/memory/{id}/page"): {"summary": "a memory snapshot's summary as an HTML page",
+                                   "path": [_path_param("id", id_pattern(MEMORY))],
+                                   "responses": {"200": _ok("the page", content_type="text/html"),
+                                                 "404": _error("no such memory snapshot")}},
+    ("GET", "/memory"): {"summary": "recent memory snapshots, newest first",
+                         "responses": {"200": _ok("the memory snapshots", ["jobs"])}},
     ("GET", "/syncs/watch"): {"summary": "the always-on sync watch of every connected process", "responses": {
         "200": _ok("processes and sites", ["processes", "sites"])}},
     ("GET", "/recorder"): {
@@ -264,6 +301,21 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                          "json rows, or a Chrome/Perfetto trace"), _processes_query()],
         "responses": {"200": _ok("the recording (docs/api.md, Flight recorder)"), **_INCIDENT_ERRORS,
                       **_ONE_AT_A_TIME}},
+    ("GET", TIMELINE_PATH): {
+        "summary": "the flight recorder's last minutes made small for the home page's chart: step-time buckets, "
+                   "slow steps with their rows, GC pauses, requests, in flight, stuck steps, captures and firings",
+        "query": [_query("seconds", {"type": "number", "minimum": TIMELINE_MIN_S, "maximum": TIMELINE_MAX_S,
+                                     "default": tl.DEFAULT_SECONDS}, "the window (the page: 60, 600 or 3600)"),
+                  _query("points", {"type": "integer", "minimum": tl.MIN_POINTS, "maximum": tl.MAX_POINTS,
+                                    "default": tl.DEFAULT_POINTS}, "buckets the window is cut into"),
+                  _query("slow_ms", {"type": "number", "exclusiveMinimum": 0, "maximum": TIMELINE_MAX_SLOW_MS},
+                         "a step is slow from here (default: 4 x the median working step)"),
+                  _query("gc_ms", {"type": "number", "minimum": 0, "maximum": TIMELINE_MAX_SLOW_MS,
+                                   "default": tl.DEFAULT_GC_MS}, "GC pauses marked from here")],
+        "responses": {"200": _ok("the timeline (docs/api.md, GET /recorder/timeline)",
+                                 ["since_ns", "until_ns", "bucket_ns", "processes", "requests", "in_flight", "stuck",
+                                  "marks"]),
+                      "400": _error("bad_parameter naming the parameter (param)")}},
     ("GET", "/stacks"): {
         "summary": "every thread's Python stack in every engine process, or a short sampling of them",
         "query": [_query("seconds", {"type": "number", "minimum": 0, "maximum": MAX_SAMPLE_SECONDS, "default": 0},

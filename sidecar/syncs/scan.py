@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
+from ..common.cuda_graphs import GraphReplays
 from ..common.step_window import StepWindow
 from ..common.protocol import P_DONE, P_SCANNING, SyncReport, SyncSpec
 from .allowlist import Allowlist
@@ -37,24 +38,35 @@ class SyncScan(StepWindow):
         report: Report,
         allowlist: Optional[Allowlist] = None,
         detector: Optional[SyncDetector] = None,
+        graphs: Optional[GraphReplays] = None,
     ) -> None:
+        """``graphs``: counts the engine's CUDA graph replays in the window (default: torch's class);
+        ops inside a replay never run on the host, so the scan says how many steps it could not see into."""
         super().__init__(spec.steps)
         self.spec = spec
         self._report = report
         self._allowlist = allowlist if allowlist is not None else Allowlist()
         self._detector = detector if detector is not None else SyncDetector()
+        self._graphs = graphs if graphs is not None else GraphReplays()
 
     # -- the window's hooks (step thread) ----------------------------------------------------------
     def _start_recording(self) -> None:
         self._detector.arm()
+        try:
+            self._graphs.install()
+        except Exception as exc:  # no count of replays: the scan goes on
+            log.warning("inference-sidecar: CUDA graph replays not counted: %s", exc)
 
     def _step_began(self, n: int, new: bool) -> None:
         self._detector.step_begin(n)  # every working step: one that did no work is scanned again
+        self._graphs.step_began()
 
     def _step_ended(self) -> None:
         self._detector.step_end()
+        self._graphs.step_ended()
 
     def _stop_recording(self) -> None:
+        self._graphs.uninstall()
         try:
             self._detector.disarm()
             sites = build_sites(self._detector.stats(), self._recorded, self._allowlist)
@@ -62,7 +74,7 @@ class SyncScan(StepWindow):
             log.warning("inference-sidecar: sync scan failed to finish: %s", exc)
             self._fail(f"sync scan failed to finish: {exc}")
             return
-        self._report_state(P_DONE, sites=sites)
+        self._report_state(P_DONE, sites=sites, graph_steps=self._graphs.steps, graph_replays=self._graphs.replays)
 
     def _report_state(self, state: str, **fields: Any) -> None:
         self._report(SyncReport(

@@ -99,6 +99,24 @@ def test_a_module_timings_headline_and_its_stop_button():
     assert "data-active" in live
 
 
+def test_memory_snapshots_are_listed_with_their_peak_page_and_stop_button():
+    done = {"id": "g20261123-085748-53f178", "state": "done", "reason": None, "steps": 3, "created_at": 1795236396.1,
+            "peak": {"process": EVIL, "allocated_bytes": 3 * 2**20, "reserved_bytes": 4 * 2**20}}
+    running = {"id": "g20261123-085749-000000", "state": "recording", "reason": None, "steps": 5,
+               "created_at": 1795236397.1, "peak": None}
+    page = render_home(state(memory=[running, done], captures=[], active_capture=None,
+                             active_memory="g20261123-085749-000000"))
+    elements = parse(page)
+    assert "memory" in {a.get("id") for _, a in elements.tags}
+    hrefs = {a["href"] for t, a in elements.tags if t == "a" and a.get("href", "").startswith("/memory/")}
+    assert "/memory/g20261123-085748-53f178/page" in hrefs and "/memory/g20261123-085748-53f178" in hrefs
+    text = "".join(elements.text)
+    assert f"3.0 MiB allocated in {EVIL}" in text and EVIL not in page
+    assert "memory snapshot g20261123-085749-000000 running" in text
+    assert 'data-post="/memory/stop"' in page
+    assert "data-active" in [a for t, a in elements.tags if a.get("id") == "live"][0]
+
+
 def test_an_empty_sidecar_says_what_to_check():
     page = render_home(state(processes=[], captures=[], scans=[], modules=[], triggers=[], active_capture=None))
     assert "SIDECAR_ENDPOINT" in page and "No captures yet." in page and "No module timings yet." in page

@@ -42,7 +42,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sidecar.common import config
 from sidecar.common.protocol import Answer, Arm, CaptureReport, Query, Stop, SyncArm, SyncReport
-from sidecar.common.protocol import MODEL_EXTRA, ModuleArm, ModuleReport
+from sidecar.common.protocol import MEMORY_EXTRA, MODEL_EXTRA, MemoryArm, MemoryReport, ModuleArm, ModuleReport
 from sidecar.service.app import ServiceSettings, make_app
 from sidecar.service.routes.keys import JOBS, QUERIES, REGISTRY
 from sidecar.service.openapi import build_document
@@ -72,7 +72,7 @@ def _document() -> dict:
 DOCUMENT = _document()
 OPERATIONS = [(method.upper(), path, op) for path, item in sorted(DOCUMENT["paths"].items())
               for method, op in sorted(item.items()) if not op.get("x-websocket")]
-START_PATHS = {"/profile/start", "/sync/start", "/modules/start"}
+START_PATHS = {"/profile/start", "/sync/start", "/modules/start", "/memory/start"}
 COSTLY_READS = {"/stacks", "/recorder"}  # reads that make the engine work: acting, for the guard
 # Start parameters whose valid values are valid together (stack_hz needs stacks, activities=cuda a CUDA
 # process, processes=api_server alone selects no stepping process, baseline an earlier scan).
@@ -91,15 +91,16 @@ class AnsweringProbe(FakeWebSocket):
         self._tasks: set[asyncio.Task] = set()
         self._report: dict[str, type] = {}
         ident = identity(role, rank)
-        if role == "worker":  # a worker whose probe knows its model: module timing runs there
-            ident = msgspec.structs.replace(ident, extra={MODEL_EXTRA: True})
+        if role == "worker":  # a CUDA worker whose probe knows its model: module timing and memory snapshots run there
+            ident = msgspec.structs.replace(ident, cuda=True, extra={MODEL_EXTRA: True, MEMORY_EXTRA: True})
         self.conn = app[REGISTRY].add(ident, self)
 
     async def send_str(self, text: str) -> None:
         await super().send_str(text)
         msg = self.sent.pop()  # keep nothing: hundreds of examples
-        if isinstance(msg, (Arm, SyncArm, ModuleArm)):
-            kind = self._report[msg.spec.id] = {Arm: CaptureReport, SyncArm: SyncReport, ModuleArm: ModuleReport}[type(msg)]
+        if isinstance(msg, (Arm, SyncArm, ModuleArm, MemoryArm)):
+            kind = self._report[msg.spec.id] = {Arm: CaptureReport, SyncArm: SyncReport, ModuleArm: ModuleReport,
+                                                MemoryArm: MemoryReport}[type(msg)]
             self._answer(kind, msg.spec.id, "armed", steps_seen=100)
         elif isinstance(msg, Stop) and (kind := self._report.pop(msg.job_id, None)) is not None:
             self._answer(kind, msg.job_id, "failed", error=f"no step recorded before the job ended ({msg.reason})")
@@ -156,7 +157,7 @@ class Sidecar:
             return resp.status, resp.content_type, await resp.read()
 
     def stop_jobs(self) -> None:
-        for path in ("/profile/stop", "/sync/stop", "/modules/stop"):
+        for path in ("/profile/stop", "/sync/stop", "/modules/stop", "/memory/stop"):
             status, _, raw = self.request("POST", path, None, {})
             assert status in (200, 409), (path, status, raw)
 
@@ -503,7 +504,7 @@ def fill(path: str, values: dict[str, str], known_ids: list[str]) -> str:
 
 
 # Examples per operation: the start routes have the most to explore.
-EXAMPLES = {"/profile/start": 250, "/sync/start": 200, "/modules/start": 200}
+EXAMPLES = {"/profile/start": 250, "/sync/start": 200, "/modules/start": 200, "/memory/start": 200}
 DEFAULT_EXAMPLES = 40
 
 

@@ -179,18 +179,18 @@ async def test_a_whole_capture_over_the_channel(client, tmp_path):
     assert status["state"] == "done", status
     assert list(status) == ["id", "state", "reason", "notes", "steps", "start_step", "start_steps", "delay", "created_at",
                             "finished_at", "headline", "trace", "trace_bytes", "summary", "processes", "trigger",
-                            "alert", "request", "fleet", "stored", "files", "options"]
+                            "alert", "request", "fleet", "backend", "nsys", "stored", "files", "options"]
     assert status["trace"] == f"/profile/{capture_id}/trace" and status["start_step"] == 14 and status["delay"] == 2
     stem = worker.identity.file_stem
     assert status["files"][f"{stem}.pt.trace.json.gz"] == f"/profile/{capture_id}/files/{stem}.pt.trace.json.gz"
     assert status["options"] == {"activities": "host default", "record_shapes": False, "with_stack": True,
                                  "stacks": "sampled", "stack_hz": 1000.0,
                                  "profile_memory": False, "with_flops": False, "with_modules": False, "timeout_s": 120.0,
-                                 "processes": "all", "instance": None}
+                                 "processes": "all", "instance": None, "backend": "torch"}
     assert list(status["processes"][0]) == ["role", "pid", "rank", "label", "instance", "state", "steps_recorded",
                                             "first_step",
                                             "file", "bytes", "error", "stacks", "stack_summary", "step_thread_ms",
-                                            "export_ms", "clock"]
+                                            "export_ms", "clock", "nsys"]
     assert [p["stack_summary"]["samples"] for p in status["processes"]] == [7, 7]
     # The sampler's own bound cut the worker's stacks short: a note says so; the capture is done.
     assert any(n.startswith(f"{worker.identity.label}: python stacks stopped early (max_bytes reached)")

@@ -15,8 +15,11 @@ milliseconds rounded to the microsecond)::
         "clock_correction_ms": what was subtracted from its times to put them on the sidecar's clock
                                (its measured offset where that exceeds the uncertainty: another host; else 0),
         "capacity": rows of its step ring or null, "steps_written": steps ever recorded or null,
+        "gpu_memory_source": "step_end" | "sampled" | "pending" (a process with CUDA) or null,
         "steps": [{"step", "start_ns", "end_ns", "duration_ms", "working": bool, "batch", "tokens",
                    "prefill_tokens", "decode_tokens", "running", "waiting",
+                   "gpu_allocated", "gpu_reserved": the CUDA allocator's bytes at the step's end
+                            (a process with CUDA only; null while not known),
                    "gc_ms": time of the GC pauses in "gc" inside this step, on any thread of the
                             process: a collection holds the GIL, so one on another thread
                             stops the step thread's Python too (null: no GC data)}],
@@ -40,7 +43,7 @@ every collection since the process started, whatever the window.
 
 ``to_chrome_trace`` (open it in ui.perfetto.dev or chrome://tracing): one process track per process,
 named by its label; steps as complete slices "step <n>" ("idle" when the step did no work) on a
-thread "steps", GC pauses on a thread "gc", the open step as "step (still running)" up to
+thread "steps" (with CUDA, a counter "gpu memory (bytes)" of the allocator's bytes at each step's end), GC pauses on a thread "gc", the open step as "step (still running)" up to
 ``until_ns``; requests as async slices "request" (category "request", id = the request id) with an
 instant "first token", in-flight requests as async slices up to ``until_ns``. ``ts`` is **absolute
 Unix microseconds** (``ns / 1000``), not relative to the window, so traces of different calls (and
@@ -54,7 +57,7 @@ from bisect import bisect_right
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Optional
 
-from ...common.recorder_fields import GC_FIELDS, STEP_FIELDS
+from ...common.recorder_fields import GC_FIELDS, GPU_MEMORY_FIELDS, STEP_FIELDS
 
 STEP_COUNTS = ("batch", "tokens", "prefill_tokens", "decode_tokens", "running", "waiting")
 _START, _END = STEP_FIELDS.index("start_ns"), STEP_FIELDS.index("end_ns")
@@ -110,6 +113,9 @@ def _process_view(process: dict, dump: dict, error: Optional[str], since_ns: int
             # service/recorder_clock.py moved the dump's times already; this says by how much.
             "clock_correction_ms": _ms(dump.get("clock_correction_ns") or 0),
             "capacity": steps_dump.get("capacity"),
+            # A process with CUDA: how its steps' gpu_allocated / gpu_reserved were read (step_end,
+            # sampled, pending: sidecar/probe/gpu_memory.py); null without CUDA (no such columns).
+            "gpu_memory_source": steps_dump.get("gpu_memory_source"),
             "steps_written": steps_dump.get("written"), "steps": steps, "open_step": open_step,
             "gc": gc_rows, "gc_totals": _gc_totals(gc_dump),
             "requests": _request_rows(dump.get("requests"), since_ns, until_ns),
@@ -128,13 +134,15 @@ def _step_rows(columns: Optional[dict], gc_all: Optional[list[dict]], since_ns: 
     if not columns:
         return []
     # Straight from the columns, window first: a full ring is 65,536 rows per process.
-    rows = [dict(zip(STEP_FIELDS, values)) for values in zip(*(columns[name] for name in STEP_FIELDS))
+    fields = STEP_FIELDS + tuple(name for name in GPU_MEMORY_FIELDS if name in columns)
+    rows = [dict(zip(fields, values)) for values in zip(*(columns[name] for name in fields))
             if values[_END] >= since_ns and values[_START] <= until_ns]
+    gpu = fields[len(STEP_FIELDS):]
     gc_ns = _gc_ns_per_step(rows, gc_all) if gc_all is not None else None
     for j, row in enumerate(rows):
         row["duration_ms"] = _ms(row["end_ns"] - row["start_ns"])
         row["working"] = bool(row["working"])
-        for name in STEP_COUNTS:
+        for name in STEP_COUNTS + gpu:
             if row[name] < 0:
                 row[name] = None
         row["gc_ms"] = _ms(gc_ns[j]) if gc_ns is not None else None
@@ -254,7 +262,10 @@ def _process_events(view: dict, pid: int, until_ns: int) -> Iterator[dict]:
     for s in view["steps"]:
         yield {"ph": "X", "cat": "step", "name": f"step {s['step']}" if s["working"] else "idle", "pid": pid,
                "tid": STEPS_TID, "ts": _us(s["start_ns"]), "dur": _us(s["end_ns"] - s["start_ns"]),
-               "args": _args(s, ("step", *STEP_COUNTS, "gc_ms"))}
+               "args": _args(s, ("step", *STEP_COUNTS, "gc_ms", *GPU_MEMORY_FIELDS))}
+        if s.get("gpu_allocated") is not None:  # a process with CUDA: the allocator's bytes as a counter track
+            yield {"ph": "C", "name": "gpu memory (bytes)", "pid": pid, "tid": STEPS_TID, "ts": _us(s["end_ns"]),
+                   "args": {"allocated": s["gpu_allocated"], "reserved": s["gpu_reserved"]}}
     open_step = view["open_step"]
     if open_step is not None:
         yield {"ph": "X", "cat": "step", "name": "step (still running)", "pid": pid, "tid": STEPS_TID,

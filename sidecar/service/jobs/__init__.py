@@ -11,6 +11,7 @@
     capture_index     the captures an earlier run left on disk, rebuilt at start
     scans             ``ScanManager``: hidden-sync scans (baseline, merged report)
     modules           ``ModuleManager``: the module-timing job
+    memory            ``MemoryManager``: memory snapshots (the CUDA allocator's history; raw snapshots kept)
     request_captures  a request's ask for a capture becomes a capture bound to it
     saved             what a saved job gives back after a restart (a scan or a module timing: one JSON file)
     storing           a finished job handed to the object store: what is uploaded, its key, the job's ``stored``

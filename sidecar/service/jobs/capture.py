@@ -17,6 +17,11 @@ from .model import CAPTURE, Job, JobKind, ProcessRun
 from .params import CaptureRequest
 
 
+# Where an nsys capture's result is: not with the sidecar (docs/gpu.md).
+NSYS_REPORT = ("written by nsys where its -o said (nsys launch / nsys start), on the engine's host, "
+               "once the engine's nsys session ends; the sidecar holds no trace of it")
+
+
 def capture_url(capture_id: str) -> str:
     """Where the HTTP API serves a capture (``GET /profile/{id}``; its trace at ``…/trace``)."""
     return f"/profile/{capture_id}"
@@ -33,7 +38,8 @@ class BoundCaptureRequest(CaptureRequest):
 @dataclass(eq=False, kw_only=True)
 class CaptureProcess(ProcessRun):
     json_fields = ("role", "pid", "rank", "label", "instance", "state", "steps_recorded", "first_step",
-                   "file", "bytes", "error", "stacks", "stack_summary", "step_thread_ms", "export_ms", "clock")
+                   "file", "bytes", "error", "stacks", "stack_summary", "step_thread_ms", "export_ms", "clock",
+                   "nsys")
     json_readers = {**ProcessRun.json_readers, "file": lambda v: v or None, "bytes": lambda v: int(v or 0),
                     "stacks": lambda v: str(v or "none"), "step_thread_ms": lambda v: float(v or 0.0)}
 
@@ -49,6 +55,7 @@ class CaptureProcess(ProcessRun):
     # merge subtracts from its times: the offset where measurably off (another host), else 0.
     clock: dict[str, Any] | None = None
     clock_correction_ns: int = 0
+    nsys: dict[str, Any] | None = None  # an nsys capture: what the probe reported (CaptureReport.nsys)
     # Its stem in this capture's files, where its own is taken by a process of another host (process_stems.py).
     unique_stem: str | None = None
 
@@ -86,7 +93,7 @@ class Capture(Job):
             id=self.id, steps=r.steps, activities=r.activities,
             record_shapes=r.record_shapes, stacks=r.stacks, stack_hz=r.stack_hz,
             profile_memory=r.profile_memory, with_flops=r.with_flops, with_modules=r.with_modules,
-            request_id=self.bound_request["id"] if self.bound_request else None,
+            request_id=self.bound_request["id"] if self.bound_request else None, backend=r.backend,
         )
 
     def files(self) -> list[str]:
@@ -118,6 +125,8 @@ class Capture(Job):
             "alert": self.alert,
             "request": self.bound_request,
             "fleet": r.fleet,
+            "backend": r.backend,
+            "nsys": {"report": NSYS_REPORT} if r.backend == "nsys" else None,
             "stored": self.stored,
             "files": {name: f"{url}/files/{name}" for name in self.files()},
             "options": {
@@ -128,5 +137,6 @@ class Capture(Job):
                 "timeout_s": r.timeout_s,
                 "processes": [f"{s.role}:{s.rank}" if s.rank is not None else s.role for s in r.processes] or "all",
                 "instance": r.instance,
+                "backend": r.backend,
             },
         }

@@ -149,6 +149,7 @@ def _request(data: dict[str, Any], options: dict[str, Any]) -> CaptureRequest:
         stack_hz=float(options.get("stack_hz") or DEFAULT_STACK_HZ),
         profile_memory=bool(options.get("profile_memory")), with_flops=bool(options.get("with_flops")),
         with_modules=bool(options.get("with_modules")),
+        backend="nsys" if options.get("backend") == "nsys" else "torch",
         instance=options.get("instance") if isinstance(options.get("instance"), str) else None,
         fleet=data["fleet"] if isinstance(data.get("fleet"), str) and FLEET_ID.fullmatch(data["fleet"]) else None,
     )

@@ -84,6 +84,9 @@ class CaptureManager(JobManager[Capture]):
         chosen = self._select(request)
         if "cuda" in request.activities and not any(c.identity.cuda for c in chosen):
             raise ParamError("activities", "cuda was asked for but no selected process has a CUDA device")
+        left_out = []
+        if request.backend == "nsys":
+            chosen, left_out = _nsys_processes(chosen)
         # A capture on a full disk fails late and leaves half-written files: refuse it now.
         disk_space.ensure_room(self._trace_dir, self._min_free_bytes)
         capture_id = self.kind.new_id()
@@ -96,6 +99,7 @@ class CaptureManager(JobManager[Capture]):
                        for c, stem in zip(chosen, unique_stems([(c.identity, c.shares_files) for c in chosen]))],
             bound_request=bound,
         )
+        capture.notes.extend(left_out)
         capture.dir.mkdir(parents=True, exist_ok=True)
         # Written now, not only at the end: a sidecar killed during the capture leaves what was asked
         # and of which processes, for the restarted one to list it truthfully (capture_index.py).
@@ -123,6 +127,7 @@ class CaptureManager(JobManager[Capture]):
         rec.raw_file, rec.bytes = report.file or "", report.bytes
         rec.stacks, rec.stacks_file = report.stacks, report.stacks_file
         rec.step_thread_ms, rec.export_ms = report.step_thread_ms, report.export_ms
+        rec.nsys = report.nsys
         if rec.conn is not None:
             rec.clock, rec.clock_correction_ns = rec.conn.clock.to_json(), rec.conn.clock.correction_ns
             if not rec.conn.shares_files and (rec.raw_file or rec.stacks_file):
@@ -195,6 +200,10 @@ class CaptureManager(JobManager[Capture]):
                 capture.move(rec, P_FAILED, f"trace not received from the process: {exc}")
 
     async def _export(self, capture: Capture) -> None:
+        if capture.request.backend == "nsys":  # nothing to merge: the report is nsys's, on the engine's host
+            _judge_by_the_request(capture)
+            self._conclude(capture, [], has_result=any(p.state == P_DONE for p in capture.step_driven))
+            return
         loop = asyncio.get_running_loop()
         if capture.fetches:
             await asyncio.gather(*capture.fetches, return_exceptions=True)
@@ -292,6 +301,20 @@ def started_by(capture: Capture) -> StartedBy | None:
         trigger = capture.trigger
         return StartedBy(kind="trigger", name=clip(str(trigger.get("name") or "")), id=clip(str(trigger.get("trigger") or "")))
     return None
+
+
+def _nsys_processes(chosen: list) -> tuple[list, list[str]]:
+    """An nsys capture's processes among ``chosen``: the step-driven ones with CUDA (each marks its
+    steps with NVTX ranges; sidecar/probe/capture/nsys.py), and a note for each left out. A 400 when
+    none is left: on a host without CUDA there is no nsys timeline to mark."""
+    kept = [c for c in chosen if c.identity.step_driven and c.identity.cuda]
+    if not kept:
+        have = ", ".join(f"{c.identity.label}{'' if c.identity.cuda else ' (no CUDA)'}" for c in chosen)
+        raise ParamError("backend", f"nsys needs an engine core or worker with CUDA; the selected processes "
+                                    f"have none ({have})")
+    notes = [f"{c.identity.label}: not in an nsys capture ("
+             f"{'no steps to mark' if not c.identity.step_driven else 'no CUDA'})" for c in chosen if c not in kept]
+    return kept, notes
 
 
 def _judge_by_the_request(capture: Capture) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Self
 
 from ...engine import STANDARD_ROLES
 from ...common.protocol import CaptureReport, ModuleReport, P_ARMED, P_DONE, ProcessIdentity, SyncReport
+from ...common.protocol import MemoryReport
 from . import states as st
 
 if TYPE_CHECKING:
@@ -62,6 +63,15 @@ MODULES = JobKind(
     name="module timing", id_prefix="m", running=st.TIMING, states=st.MODULE_STATES,
     process_states=st.MODULE_PROCESS_STATES, report=ModuleReport, recorded="timed",
     grace_error="did not stop within the grace period: the hooks come out on the engine's own step (idle engine?)",
+)
+
+
+# A memory snapshot (memory.py): the CUDA caching allocator's history for N steps, in the processes with CUDA.
+MEMORY = JobKind(
+    name="memory snapshot", id_prefix="g", running=st.RECORDING, states=st.MEMORY_STATES,
+    process_states=st.MEMORY_PROCESS_STATES, report=MemoryReport, recorded="recorded",
+    grace_error=("did not stop within the grace period: the snapshot is taken on the engine's own step "
+                 "(idle engine?)"),
 )
 
 

@@ -158,6 +158,10 @@ class ModuleManager(SavedAsOneFile, JobManager[ModuleJob]):
                      "outer_ns": r.outer_ns} for r in report.rows or []]
         rec.clock = report.clock
         rec.hooks_before, rec.hooks_after = report.hooks_before, report.hooks_after
+        if report.graph_steps:  # said, not left as zeros: sidecar/common/cuda_graphs.py
+            job.notes.append(f"{rec.label}: {report.graph_steps} of {report.steps_recorded} steps replayed a CUDA graph "
+                             f"({report.graph_replays} replays): module hooks do not run inside a replay; "
+                             "the modules' times in those steps are missing")
 
     async def _finish(self, job: ModuleJob) -> None:
         done = [p for p in job.processes if p.rows is not None]

@@ -13,17 +13,23 @@ from typing import Iterable, Mapping
 from ...common import config
 from ...engine import STANDARD_ROLES
 from ...common.protocol import DEFAULT_STACK_HZ, MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS, MAX_STACK_HZ
+from ...common.protocol import DEFAULT_MEMORY_ENTRIES, MAX_MEMORY_ENTRIES
 from .model import SCAN
 from ..store.layout import FLEET_ID
 
 ACTIVITIES = ("cpu", "cuda")
 BOOLEAN_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_modules")
 STACK_MODES = ("none", "sampled", "traced")
+BACKENDS = ("torch", "nsys")  # what records a capture: torch.profiler, or an nsys that runs the engine
 MIN_STACK_HZ = 1.0
 KNOWN = {"steps", "activities", "delay", "processes", "instance", "timeout_s", "with_stack", "stacks", "stack_hz",
-         "fleet", *BOOLEAN_OPTIONS}
+         "fleet", "backend", *BOOLEAN_OPTIONS}
 SCAN_KNOWN = {"steps", "delay", "processes", "instance", "timeout_s", "baseline"}
 MODULES_KNOWN = {"steps", "delay", "processes", "instance", "timeout_s"}
+MEMORY_KNOWN = {"steps", "delay", "processes", "instance", "timeout_s", "max_entries"}
+# A memory snapshot's history holds every alloc and free with its Python stack (a few KB each): a
+# few steps show what a step allocates; more only fill the ring of max_entries.
+MAX_MEMORY_STEPS = 20
 # A module-timing job keeps one record per module call until it ends (two timing events each on a
 # GPU): a few steps answer "which layer is slow"; hundreds only cost memory.
 MAX_MODULE_STEPS = 100
@@ -86,6 +92,7 @@ class CaptureRequest(JobRequest):
     with_modules: bool = False  # torch.profiler's module hierarchy (recorded where the model runs)
     # ``fleet=``: the fleet capture this one belongs to; in the object store under fleets/<fleet>/ (store/layout.py).
     fleet: str | None = None
+    backend: str = "torch"  # one of BACKENDS
 
     @property
     def with_stack(self) -> bool:
@@ -252,7 +259,23 @@ def parse_capture_request(params: Mapping[str, str], max_steps: int,
         **{name: _bool(params, name) for name in BOOLEAN_OPTIONS},
         **dict(zip(("stacks", "stack_hz"), _stacks(params))),
         fleet=_fleet(params.get("fleet")),
+        backend=_backend(params),
     )
+
+
+def _backend(params: Mapping[str, str]) -> str:
+    """``backend=``: torch (default) or nsys. nsys records no torch.profiler trace, so every option
+    that only says what such a trace holds is refused beside it (rather than silently ignored)."""
+    backend = _choice(params, "backend", BACKENDS)
+    if backend == "nsys":
+        for name in ("activities", "stacks", "with_stack", "stack_hz", *BOOLEAN_OPTIONS):
+            given = params.get(name)
+            off = given is None or (name == "stacks" and given.strip().lower() == "none") or (
+                name in BOOLEAN_OPTIONS + ("with_stack",) and not _bool(params, name))
+            if not off:
+                raise ParamError(name, "is an option of a torch.profiler trace; backend=nsys records none "
+                                       "(nsys's own options say what it records)")
+    return backend
 
 
 def _fleet(raw: str | None) -> str | None:
@@ -274,6 +297,25 @@ def parse_module_request(params: Mapping[str, str], max_steps: int,
         processes=_processes(params.get("processes"), known_roles(connected_roles)),
         instance=_instance(params.get("instance")),
         timeout_s=_timeout(params.get("timeout_s")),
+    )
+
+
+@dataclass(frozen=True)
+class MemoryRequest(JobRequest):
+    max_entries: int = DEFAULT_MEMORY_ENTRIES  # the allocator's history ring (torch's max_entries)
+
+
+def parse_memory_request(params: Mapping[str, str], max_steps: int,
+                         connected_roles: Iterable[str] = ()) -> MemoryRequest:
+    """``/memory/start``: steps (at most ``MAX_MEMORY_STEPS``), max_entries, delay, processes, instance, timeout_s."""
+    _reject_unknown(params, MEMORY_KNOWN)
+    return MemoryRequest(
+        steps=_int(params, "steps", 1, min(max_steps, MAX_MEMORY_STEPS)),
+        delay=_int(params, "delay", 0, max_steps, default=0),
+        processes=_processes(params.get("processes"), known_roles(connected_roles)),
+        instance=_instance(params.get("instance")),
+        timeout_s=_timeout(params.get("timeout_s")),
+        max_entries=_int(params, "max_entries", 1, MAX_MEMORY_ENTRIES, default=DEFAULT_MEMORY_ENTRIES),
     )
 
 

@@ -54,6 +54,7 @@ class Scan(Job):
             "expected": sum(1 for s in self.sites if s.get("classification") == EXPECTED),
             "sites": self.sites, "baseline": self.request.baseline, "new_sites": self.new_sites,
             "processes": [p.to_json() for p in self.processes],
+            "notes": self.notes,
             "stored": self.stored,
         }
 
@@ -68,7 +69,7 @@ class Scan(Job):
             sites=list(data.get("sites") or []), new_sites=data.get("new_sites"),
             treat_cpu_as_device=data.get("treat_cpu_as_device"),
             created_at=float(data.get("created_at") or id_time(SCAN, data["id"]) or 0.0),
-            finished_at=data.get("finished_at"),
+            finished_at=data.get("finished_at"), notes=list(data.get("notes") or []),
         )
         scan.stored = read_stored(data.get("stored"))
         scan.done_event.set()
@@ -119,6 +120,11 @@ class ScanManager(SavedAsOneFile, JobManager[Scan]):
     def _take_result(self, scan: Scan, rec: ScanProcess, report: SyncReport) -> None:
         rec.sites = report.sites or []
         scan.treat_cpu_as_device = report.treat_cpu_as_device
+        if report.graph_steps:  # said, not left as silence: sidecar/common/cuda_graphs.py
+            scan.notes.append(f"{rec.label}: {report.graph_steps} of {report.steps_recorded} steps replayed a CUDA "
+                              f"graph ({report.graph_replays} replays): the ops inside a replay do not run on the "
+                              "host, so the scan saw none of them (a graph holds no sync: CUDA refuses one while a "
+                              "graph is captured)")
 
     async def _finish(self, scan: Scan) -> None:
         reports = [{"process": p.label, "steps_recorded": p.steps_recorded, "sites": p.sites}

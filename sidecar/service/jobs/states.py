@@ -10,6 +10,7 @@ Job states (``GET /profile/{id}``, ``GET /sync/{id}``, docs/api.md):
   armed      probes told; no step-driven process has started recording yet (an API server's
              window, open from "arm" on, records time, not steps)
   capturing  (captures) / scanning (scans): at least one step-driven process is recording
+             (timing: a module timing's, recording: a memory snapshot's)
   exporting  (captures) every process has ended; traces are compressed, merged and analysed
   done       every selected process recorded every step asked for
   partial    something exists but something is missing; ``reason`` says what
@@ -25,9 +26,11 @@ from typing import Mapping
 
 from ...common.verdicts import CANCELLED, DONE, FAILED, FINAL, PARTIAL
 from ...common.protocol import P_ARMED, P_CAPTURING, P_DONE, P_EXPORTING, P_FAILED, P_SCANNING, P_TIMING
+from ...common.protocol import P_RECORDING
 
 ARMED, CAPTURING, SCANNING, EXPORTING = "armed", "capturing", "scanning", "exporting"
 TIMING = "timing"  # a module-timing job: its hooks are in, in at least one process
+RECORDING = "recording"  # a memory snapshot: the allocator records its history, in at least one process
 
 # A per-process state only the sidecar gives: disconnected, silent after "arm", or not stopped
 # within the grace period after a stop request.
@@ -76,6 +79,19 @@ MODULE_STATES: Table = MappingProxyType({
 MODULE_PROCESS_STATES: Table = MappingProxyType({
     P_ARMED: frozenset({P_TIMING, P_FAILED, P_LOST}),
     P_TIMING: frozenset({P_DONE, P_FAILED, P_LOST}),
+})
+
+
+# A memory snapshot, as a module timing: the probes summarise their own snapshots, nothing to export
+# (each process's raw snapshot is brought in after it is done, before the verdict).
+MEMORY_STATES: Table = MappingProxyType({
+    ARMED: frozenset({RECORDING, *FINAL}),
+    RECORDING: JUDGED,
+})
+
+MEMORY_PROCESS_STATES: Table = MappingProxyType({
+    P_ARMED: frozenset({P_RECORDING, P_FAILED, P_LOST}),
+    P_RECORDING: frozenset({P_DONE, P_FAILED, P_LOST}),
 })
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ...common import config
 from ...common.protocol import DEFAULT_STACK_HZ, MAX_STACK_HZ
-from ..jobs.params import ACTIVITIES, BOOLEAN_OPTIONS, KNOWN, MIN_STACK_HZ, SCAN_KNOWN, STACK_MODES
+from ..jobs.params import ACTIVITIES, BACKENDS, BOOLEAN_OPTIONS, KNOWN, MIN_STACK_HZ, SCAN_KNOWN, STACK_MODES
 from ...report.markup import esc, tag
 
 # Not on the form: the older spelling of ``stacks`` (with_stack=true is stacks=sampled: the form offers
@@ -44,6 +44,9 @@ def capture_fields(max_steps: int) -> list[Field]:
               f"sampled stacks: {MIN_STACK_HZ:g}–{MAX_STACK_HZ:g} (default {DEFAULT_STACK_HZ:g})"),
         *[Field(name, name.replace("_", " ").capitalize(), "check", "torch.profiler option")
           for name in BOOLEAN_OPTIONS],
+        Field("backend", "Backend", "select",
+              "nsys: marks the steps for an engine run under nsys launch (docs/gpu.md); no torch option then",
+              choices=BACKENDS),
         Field("timeout_s", "Timeout (s)", "text",
               f"the whole capture, (0, {config.MAX_CAPTURE_TIMEOUT_S:g}] "
               f"(default {config.DEFAULT_CAPTURE_TIMEOUT_S:g})"),

@@ -1,5 +1,7 @@
-"""The sidecar's home page (``GET /``): what is connected, what was captured, scanned and timed per
-module, the triggers, and forms to start a capture or a scan.
+"""The sidecar's home page (``GET /``): the flight recorder's last minutes drawn, the requests in
+flight, a stuck step and the stacks of every process (``#recorder``, drawn and refreshed by the page
+script from ``GET /recorder/timeline``, ``/stacks``); what is connected, what was captured, scanned and
+timed per module, the triggers, and forms to start a capture or a scan.
 
 ``render_home`` draws it from a plain dict of the service's state, the same JSON the API serves
 (``/processes``, ``/profiles``, ``/syncs``, ``/modules``, ``/triggers``; sidecar/service/routes/pages.py builds it), so
@@ -19,7 +21,7 @@ from ...report.markup import count, duration, esc, table, tag, when
 FINAL = ("done", "partial", "failed", "cancelled")
 # The job kinds: the state's ``active_<key>``, the name shown, the stop endpoint.
 _KINDS = (("capture", "capture", "/profile/stop"), ("scan", "scan", "/sync/stop"),
-          ("modules", "module timing", "/modules/stop"))
+          ("modules", "module timing", "/modules/stop"), ("memory", "memory snapshot", "/memory/stop"))
 
 
 def render_home(state: dict[str, Any]) -> str:
@@ -34,21 +36,50 @@ def render_home(state: dict[str, Any]) -> str:
              + tag("datalist", "".join(tag("option", "", value=s["id"]) for s in state["scans"]), id="scan-ids")
              + tag("datalist", "".join(tag("option", "", value=i) for i in _instances(state)), id="instances"))
     subtitle = f"version {state['version']} · " + ("token required" if state["token"] else "no token (loopback only)")
-    return page("inference-sidecar", live + forms + lists, subtitle=subtitle)
+    return page("inference-sidecar", _recorder(state) + live + forms + lists, subtitle=subtitle)
+
+
+# The chart's windows (GET /recorder/timeline?seconds=): 1, 10 and 60 minutes; 10 at first.
+WINDOWS = ((60, "1 min"), (600, "10 min"), (3600, "60 min"))
+DEFAULT_WINDOW = 600
+
+
+def _recorder(state: dict[str, Any]) -> str:
+    """The last minutes and now, at the top: the page script draws the chart from
+    ``GET /recorder/timeline`` and refreshes it every few seconds while the tab is visible; the stuck
+    steps the watchdogs report are written here already, so that they show before the first refresh."""
+    buttons = "".join(tag("button", esc(text), type="button", data_window=seconds,
+                          aria_pressed="true" if seconds == DEFAULT_WINDOW else "false")
+                      for seconds, text in WINDOWS)
+    toolbar = tag("p", "Window " + buttons + tag("span", "", id="timeline-status", class_="muted"),
+                  class_="toolbar")
+    stuck = "".join(tag("p", esc(f"{p['label']}: step {p['stuck'].get('step')} stuck for "
+                                 f"{p['stuck'].get('age_s')} s (the watchdog reports it)"), class_="stuck")
+                    for p in state["processes"] if p.get("stuck"))
+    chart = tag("div", tag("p", "The chart is drawn by the page script from GET /recorder/timeline.",
+                           class_="muted"), id="chart", data_max_steps=state["max_steps"])
+    panel = tag("div", "", id="step-panel", hidden=True)
+    now = (tag("h3", "Requests in flight") + tag("div", tag("p", "–", class_="muted"), id="in-flight")
+           + tag("h3", "Python stacks")
+           + tag("p", tag("button", "Take stacks of every process", type="button", id="take-stacks")
+                 + tag("output", "", id="stacks-out"), class_="toolbar")
+           + tag("div", "", id="stacks"))
+    return tag("section", tag("h2", "The last minutes") + tag("div", stuck, id="stuck") + toolbar + chart + panel
+               + now, id="recorder")
 
 
 def _live(state: dict[str, Any]) -> str:
     active = [(kind, state.get(f"active_{key}")) for key, kind, _ in _KINDS if state.get(f"active_{key}")]
     # A capture is still exporting after its processes ended (no longer the active job): followed too.
-    modules = state.get("modules", [])
-    unsettled = [job for job in state["captures"] + state["scans"] + modules if job["state"] not in FINAL]
+    modules, memory = state.get("modules", []), state.get("memory", [])
+    unsettled = [job for job in state["captures"] + state["scans"] + modules + memory if job["state"] not in FINAL]
     status = f"{len(state['processes'])} engine process{'es' if len(state['processes']) != 1 else ''} connected"
     status += "".join(f" · {kind} {job} running" for kind, job in active)
     stops = "".join(tag("button", esc(f"Stop {kind}"), type="button", data_post=path, data_out="stop-out")
                     for key, kind, path in _KINDS if state.get(f"active_{key}"))
     head = tag("p", esc(status) + (" " + stops if stops else "") + tag("output", "", id="stop-out"), class_="headline")
     body = (head + _processes(state["processes"]) + _captures(state["captures"]) + _scans(state["scans"])
-            + _modules(modules) + _triggers(state["triggers"]))
+            + _modules(modules) + _memory(memory) + _triggers(state["triggers"]))
     return tag("section", body, id="live", data_active=bool(active or unsettled) or None)
 
 
@@ -127,6 +158,25 @@ def _module_headline(job: dict) -> str:
         share = f", {top['self_share'] * 100:.1f}% of the forward" if top.get("self_share") is not None else ""
         return f"{top.get('path') or 'the model'} ({top.get('type')}): {top['self_ms']:.3f} ms self{share}"
     return str(job.get("reason") or "")
+
+
+def _memory(jobs: list[dict]) -> str:
+    """Memory snapshots (``GET /memory``): the highest peak and whose, the job's page, its JSON."""
+    if not jobs:
+        return _part("memory", "Memory snapshots", tag("p", "None yet. Take one on a CUDA host with "
+                                                             "GET /memory/start (docs/api.md, Memory snapshot).",
+                                                       class_="muted"))
+    rows = []
+    for j in jobs:
+        peak = j.get("peak") or {}
+        told = (f"{peak['allocated_bytes'] / 2**20:,.1f} MiB allocated in {peak.get('process')}"
+                if isinstance(peak.get("allocated_bytes"), int) else str(j.get("reason") or ""))
+        job_url = f"/memory/{quote(j['id'], safe='')}"
+        rows.append((tag("span", esc(j["id"]), class_="id"), _state(j["state"]), when(j.get("created_at")),
+                     esc(j.get("steps")), esc(told),
+                     tag("a", "page", href=f"{job_url}/page") + " " + _download("JSON", job_url, f"{j['id']}.json")))
+    return _part("memory", "Memory snapshots", table(["id", "state", "started", "steps", "peak", ""], rows,
+                                                     numeric=(3,)))
 
 
 def _triggers(triggers: list[dict]) -> str:

@@ -10,7 +10,9 @@ package besides the shell (sidecar.service) that imports aiohttp.
     diff           ``GET /profile/{a}/diff/{b}``
     scans          ``/sync/*``, ``/syncs`` and ``/syncs/watch``
     modules        ``/modules/*`` and ``/modules``
+    memory         ``/memory/*`` and ``/memory``; a process's raw snapshot, the summary's page
     incidents      ``/recorder``, ``/stacks`` and ``/requests``
+    timeline       ``/recorder/timeline``: the home page's chart of the last minutes
     triggers       ``/triggers``
     alerts         ``/alerts``: Alertmanager's webhook, and what came of it
     pages          ``GET /`` and ``GET /profile/{id}/report``; the page a browser gets for a 401

@@ -15,6 +15,7 @@ from aiohttp import web
 from ...common import config
 from ..export.disk_space import DiskFull
 from ..jobs.model import CAPTURE, MODULES, SCAN, Job, JobBusy, NoProbes
+from ..jobs.model import MEMORY
 from .keys import REGISTRY, SETTINGS
 from .responses import json_error, start_params
 
@@ -23,6 +24,7 @@ _BUSY = {
     CAPTURE.name: ("capture_in_progress", "capture {id} is {state}; wait for it or POST /profile/stop"),
     SCAN.name: ("scan_in_progress", "sync scan {id} is {state}; wait for it or POST /sync/stop"),
     MODULES.name: ("module_timing_in_progress", "module timing {id} is {state}; wait for it or POST /modules/stop"),
+    MEMORY.name: ("memory_snapshot_in_progress", "memory snapshot {id} is {state}; wait for it or POST /memory/stop"),
 }
 
 # The fixed words after a job kind's prefix (/profile/stop, /sync/start): never an id. Its routes' {id}

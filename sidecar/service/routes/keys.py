@@ -7,6 +7,7 @@ from aiohttp import web
 from ..jobs.captures import CaptureManager
 from ..jobs.board import JobBoard
 from ..jobs.modules import ModuleManager
+from ..jobs.memory import MemoryManager
 from ..channel.queries import QueryBroker
 from ..channel.registry import ProbeRegistry
 from ..jobs.request_captures import RequestCaptures
@@ -21,6 +22,7 @@ JOBS = web.AppKey("jobs", JobBoard)
 CAPTURES = web.AppKey("captures", CaptureManager)
 SCANS = web.AppKey("scans", ScanManager)
 MODULES = web.AppKey("modules", ModuleManager)
+MEMORY = web.AppKey("memory", MemoryManager)
 QUERIES = web.AppKey("queries", QueryBroker)
 TRIGGERS = web.AppKey("triggers", Triggers)
 REQUEST_CAPTURES = web.AppKey("request_captures", RequestCaptures)

@@ -30,13 +30,13 @@ from ..jobs.captures import Capture, capture_url
 from .captures import CAPTURE_ROUTES
 from .jobs import ID
 from ..jobs.states import FINAL
-from .keys import CAPTURES, MODULES, REGISTRY, SCANS, SETTINGS, TRIGGERS
+from .keys import CAPTURES, MEMORY, MODULES, REGISTRY, SCANS, SETTINGS, TRIGGERS
 from ..jobs.params import known_roles
 from .responses import error_code, json_error
 
 HOME_PATH = "/"
 REPORT_PATH = f"/profile/{ID}/report"
-_PAGE = re.compile(r"/|/profile/[^/]+/report")
+_PAGE = re.compile(r"/|/profile/[^/]+/report|/memory/[^/]+/page")
 # Not a page but a file a browser is sent to (Grafana's trace view links a span to it): with a token,
 # the prompt, whose script downloads it with the header (sidecar/report/script.py, fetchRecording).
 RECORDER_PATH = "/recorder"
@@ -66,7 +66,8 @@ def unauthorized_page(request: web.Request) -> web.Response | None:
     if is_download(request):
         prompt = token_prompt("the flight recorder's recording of this range", download=True)
     elif is_page(request):
-        prompt = token_prompt("the home page" if request.path == HOME_PATH else "this capture's report")
+        prompt = token_prompt("the home page" if request.path == HOME_PATH else
+                              "this memory snapshot's page" if request.path.startswith("/memory/") else "this capture's report")
     else:
         return None
     return _html(prompt, status=401, headers={"WWW-Authenticate": 'Bearer realm="inference-sidecar"'})
@@ -90,7 +91,7 @@ def _error(request: web.Request, status: int, message: str) -> web.Response:
 
 def home_state(app: web.Application) -> dict[str, Any]:
     """What the home page shows: the API's own JSON of each part."""
-    captures, scans, modules = app[CAPTURES], app[SCANS], app[MODULES]
+    captures, scans, modules, memory = app[CAPTURES], app[SCANS], app[MODULES], app[MEMORY]
     registry = app[REGISTRY]
     return {
         "version": __version__,
@@ -101,10 +102,12 @@ def home_state(app: web.Application) -> dict[str, Any]:
         "captures": [c.to_json() for c in captures.recent()],
         "scans": [s.to_json() for s in scans.recent()],
         "modules": [m.to_json() for m in modules.recent()],
+        "memory": [m.to_json() for m in memory.recent()],
         "triggers": [t.to_json() for t in app[TRIGGERS].all()],
         "active_capture": captures.active.id if captures.active else None,
         "active_scan": scans.active.id if scans.active else None,
         "active_modules": modules.active.id if modules.active else None,
+        "active_memory": memory.active.id if memory.active else None,
     }
 
 

@@ -34,6 +34,7 @@ from ...common.protocol import (CLOSE_REFUSED, PROBE_MARKERS_DIR, PROBE_WS_PATH,
                         FileChunk, Heartbeat, Hello, Proof, RequestCapture, RequestCaptureRelease, SyncReport)
 from ...common.protocol_codec import ProtocolError, ProtocolVersionError, decode_from_probe, decode_hello, encode
 from ...common.protocol import ModuleReport
+from ...common.protocol import MemoryReport
 from ..channel import file_fetch
 from ..channel.clock_sync import keep_probing
 from ..jobs.board import JobBoard
@@ -171,7 +172,7 @@ async def _serve(ws: web.WebSocketResponse, conn: ProbeConnection, registry: Pro
             continue
         if isinstance(msg, Heartbeat):
             registry.observe_heartbeat(conn, msg, time.time())
-        elif isinstance(msg, (CaptureReport, SyncReport, ModuleReport)):
+        elif isinstance(msg, (CaptureReport, SyncReport, ModuleReport, MemoryReport)):
             await jobs.on_report(conn, msg)
         elif isinstance(msg, Answer):
             queries.on_answer(conn, msg)
