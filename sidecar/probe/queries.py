@@ -59,10 +59,11 @@ class _Running:
 
 
 class QueryAnswerer:
-    def __init__(self, *, send: Callable[[Answer], None], recorder_dump: Callable[[float], dict],
+    def __init__(self, *, send: Callable[[Answer], None], recorder_dump: Callable[..., dict],
                  recorder_file: Callable[[int], str], step_thread_id: Callable[[], int | None],
                  in_flight: Callable[[], list[dict]] | None) -> None:
-        """``recorder_dump(seconds)``: this process's rings (0: all they hold); ``recorder_file(id)``:
+        """``recorder_dump(seconds, since_ns=0)``: this process's rings (0: all they hold; ``since_ns``:
+        only rows ending at or after it, passed only when a query gives one); ``recorder_file(id)``:
         where its dump goes (raises ValueError/OSError when it cannot); ``in_flight``: the requests
         this process knows in flight, or None where it knows none (an engine's worker)."""
         self._send = send
@@ -107,7 +108,9 @@ class QueryAnswerer:
 
     def _dump_recorder(self, query: Query) -> Answer:
         path = self._recorder_file(query.query_id)
-        dump = self._recorder_dump(query.seconds)
+        # A refresh asks for the rows since its last read (Query.since_ns): a few seconds, not the ring.
+        dump = self._recorder_dump(query.seconds, since_ns=query.since_ns) if query.since_ns else \
+            self._recorder_dump(query.seconds)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         _remove_older_dumps(path)
         tmp = path + ".tmp"

@@ -72,4 +72,22 @@ output { display: block; min-height: 1.4em; }
 output.error { color: #b3261e; } output.ok { color: #1e7d32; }
 details { margin: 6px 0; } summary { cursor: pointer; color: var(--muted); }
 button { font: inherit; padding: 3px 12px; }
+.toolbar button { margin: 0 4px 0 0; } .toolbar output, .toolbar span { display: inline; margin-left: 10px; }
+button[aria-pressed=true] { background: #2b7bba; color: #fff; border: 1px solid #2b7bba; }
+p.stuck { background: #fde8e8; border-left: 4px solid #d62728; color: #8b1a14; font-weight: 600; padding: 6px 10px; margin: 6px 0; }
+svg.timeline .grid { stroke: #e6e9ec; } svg.timeline text.title { font-weight: 600; }
+svg.timeline .step-max { stroke-width: 1.4; } svg.timeline circle.slow { stroke: #d62728; stroke-width: 2; cursor: pointer; }
+svg.timeline circle.top { opacity: 0.7; cursor: pointer; } svg.timeline .gc { fill: #ff7f0e; }
+svg.timeline .open-step { fill: #d62728; } svg.timeline .capture-mark { fill: #2b7bba; fill-opacity: 0.12; }
+svg.timeline .firing-mark { stroke: #9467bd; stroke-width: 1.5; stroke-dasharray: 4 3; }
+svg.timeline .e2e { stroke: #1d232a; stroke-width: 1.3; } svg.timeline .ttft { stroke: #ff7f0e; stroke-width: 1.3; }
+svg.swatch { display: inline-block; margin: 0 4px 0 0; vertical-align: -1px; }
+.legend span.k-e2e { border-top: 2px solid #1d232a; } .legend span.k-ttft { border-top: 2px solid #ff7f0e; }
+.legend span.k-gc { border-top: 4px solid #ff7f0e; } .legend span.k-capture { border-top: 6px solid #d5e4f1; }
+.legend span.k-firing { border-top: 2px dashed #9467bd; }
+#step-panel { border: 1px solid var(--line); background: var(--bg-alt); padding: 6px 12px; margin: 8px 0; max-width: 880px; }
+#step-panel input[type=number] { width: 5em; margin-right: 4px; }
+ol.frames { margin: 2px 0 6px; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; }
+details.step-thread > summary { color: var(--fg); font-weight: 600; } .stacks-process h4 { margin: 10px 0 2px; }
+p.error { color: #b3261e; }
 """ + "".join(f".legend i.p-{phase} {{ background: {colour}; }}\n" for phase, colour in PHASE_COLOURS.items())

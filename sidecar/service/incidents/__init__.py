@@ -4,6 +4,8 @@
     recorder_dump     every selected process's recorder gathered: one query, each dump file read and deleted
     recorder_clock    a recorder dump moved onto the sidecar's clock, by the rule the merge follows
     recorder_view     the processes' dumps merged into rows and a Chrome trace
+    recorder_window   the last minutes kept for the home page, read from the probes a few seconds at a time
+    recorder_timeline those minutes made small: step-time buckets, slow steps, GC, requests, marks
     triggers          ``Triggers``: rules checked on each heartbeat and metrics push; a firing saves the recorder and starts a capture
     firing            what a firing does, a trigger's or an alert's: the capture, the recorder dump, the scan
     alerts            ``Alerts``: Alertmanager's alerts (POST /alerts) decided one by one, fired as a trigger's firings

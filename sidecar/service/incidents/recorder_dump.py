@@ -67,25 +67,28 @@ async def gather_recording(queries: QueryBroker, conns: list, seconds: float, *,
 async def _ask(queries: QueryBroker, conns: list, seconds: float) -> dict[int, tuple]:
     """Each connection's (process JSON, dump or None, error or None), by connection id."""
     replies = await queries.ask(conns, {"kind": "recorder", "seconds": seconds}, RECORDER_TIMEOUT_S)
+    return {reply.conn.id: await read_reply(reply) for reply in replies}
+
+
+async def read_reply(reply) -> tuple:
+    """A recorder query's reply as (process JSON, dump or None, error or None): its dump file read
+    (and deleted) off the event loop, its times put on the sidecar's clock."""
     loop = asyncio.get_running_loop()
-    answers = {}
-    for reply in replies:
-        dump, error = None, reply.error
-        if reply.answer is not None and error is None:
-            expected = f"{reply.conn.identity.probe_file_stem}-q{reply.answer.query_id}.json"
-            try:
-                if reply.conn.shares_files:
-                    dump = await loop.run_in_executor(None, read_dump, reply.answer.file, expected)
-                else:  # another host: the dump comes over the channel (sidecar/service/channel/file_fetch.py)
-                    if os.path.basename(reply.answer.file or "") != expected:
-                        raise ValueError(f"{reply.answer.file!r} is not this query's recorder dump")
-                    dump = json.loads(await file_fetch.fetch_bytes(reply.conn, reply.answer.file, MAX_DUMP_BYTES))
-            except (OSError, ValueError, file_fetch.FetchError) as exc:
-                error = f"its recorder dump could not be read: {exc}"
-        if isinstance(dump, dict):  # on the sidecar's clock where the probe's is measurably off (another host)
-            dump = recorder_clock.to_sidecar_clock(dump, reply.conn.clock.correction_ns)
-        answers[reply.conn.id] = (reply.conn.to_json(), dump, error)
-    return answers
+    dump, error = None, reply.error
+    if reply.answer is not None and error is None:
+        expected = f"{reply.conn.identity.probe_file_stem}-q{reply.answer.query_id}.json"
+        try:
+            if reply.conn.shares_files:
+                dump = await loop.run_in_executor(None, read_dump, reply.answer.file, expected)
+            else:  # another host: the dump comes over the channel (sidecar/service/channel/file_fetch.py)
+                if os.path.basename(reply.answer.file or "") != expected:
+                    raise ValueError(f"{reply.answer.file!r} is not this query's recorder dump")
+                dump = json.loads(await file_fetch.fetch_bytes(reply.conn, reply.answer.file, MAX_DUMP_BYTES))
+        except (OSError, ValueError, file_fetch.FetchError) as exc:
+            error = f"its recorder dump could not be read: {exc}"
+    if isinstance(dump, dict):  # on the sidecar's clock where the probe's is measurably off (another host)
+        dump = recorder_clock.to_sidecar_clock(dump, reply.conn.clock.correction_ns)
+    return reply.conn.to_json(), dump, error
 
 
 def read_dump(reported: str | None, expected_name: str) -> dict:

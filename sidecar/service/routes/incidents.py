@@ -33,6 +33,7 @@ from ..channel.queries import Reply
 from ..channel.query_slots import BUSY_ERROR, ProbesBusy, Work, probe_busy_retry_s
 from ..incidents.recorder_dump import gather_recording
 from .responses import json_error
+from .timeline import add_timeline_routes
 
 log = logging.getLogger(__name__)
 
@@ -198,3 +199,4 @@ def add_incident_routes(app: web.Application) -> None:
         web.get("/stacks", stacks),
         web.get("/requests", requests_in_flight),
     ])
+    add_timeline_routes(app)  # GET /recorder/timeline: the home page's chart
