@@ -200,3 +200,33 @@ def test_the_probe_arms_it_in_its_second_slot_and_writes_under_its_own_root(prob
     chunk = probe._files.answer(Fetch(file=done.file))
     assert chunk.error is None and chunk.size == done.bytes and chunk.sha256
     assert not os.path.exists(os.path.dirname(os.path.dirname(done.file)))
+
+
+def test_steps_that_replay_a_cuda_graph_are_counted_for_the_note(tmp_path):
+    """A replay allocates nothing through the caching allocator: the job counts the steps that replayed a
+    graph (sidecar/common/cuda_graphs.py) so the sidecar can say why their allocations are missing, and
+    the replay method is the class's own again once the window is closed."""
+    from fake_cuda_graph import StandInGraph
+
+    from sidecar.common.cuda_graphs import GraphReplays
+
+    run = Run(tmp_path, steps=3)
+    run.job._graphs = GraphReplays(StandInGraph)  # the stand-in class instead of torch's
+    graph = StandInGraph()
+    graph.capture(lambda: None)
+    original = StandInGraph.__dict__["replay"]
+    run.job.report_armed(0)
+    run.job.begin(0)
+    for replay in (True, False, True):
+        run.job.on_step_begin(True, run.count)
+        if replay:
+            graph.replay()
+            graph.replay()
+        else:
+            step_work(run.allocator)
+        run.job.on_step_end(True)
+        run.count += 1
+    done = run.final()
+    assert (done.graph_steps, done.graph_replays) == (2, 4)
+    assert done.summary["allocations"] == len(STEP_ALLOCS), "only the eager step allocated"
+    assert StandInGraph.__dict__["replay"] is original

@@ -23,6 +23,7 @@ import time
 from concurrent.futures import Executor
 from typing import Any, Callable, Protocol
 
+from ..common.cuda_graphs import GraphReplays
 from .memory_summary import summarize
 from ..common.protocol import P_DONE, P_RECORDING, MemoryReport, MemorySpec
 from ..common.step_window import StepWindow
@@ -99,9 +100,13 @@ class MemorySnapshot(StepWindow):
     CANCELLED = "no step recorded before the job ended"
 
     def __init__(self, spec: MemorySpec, report: Report, allocator: Allocator, exporter: Executor, path: str,
-                 max_bytes: int, clock_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
+                 max_bytes: int, clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+                 graphs: GraphReplays | None = None) -> None:
         """``path``: where the raw snapshot goes (under the probe's root); ``max_bytes``: the smaller of
-        the spec's bound and the probe's own; ``clock_us``: the history's clock (unix µs)."""
+        the spec's bound and the probe's own; ``clock_us``: the history's clock (unix µs); ``graphs``:
+        counts the engine's CUDA graph replays in the window (default: torch's class). A replay
+        allocates nothing through the caching allocator (a graph's memory is its pool's, taken when
+        it was captured), so steps that replayed one show few or no allocations: said, not hidden."""
         super().__init__(spec.steps)
         self.spec = spec
         self._report = report
@@ -114,17 +119,24 @@ class MemorySnapshot(StepWindow):
         self._start_us = 0
         self._ends: list[int] = []  # when each working step of the window ended (unix µs)
         self._n = -1
+        self._graphs = graphs if graphs is not None else GraphReplays()
 
     # -- the window's hooks (step thread) ----------------------------------------------------------
     def _start_recording(self) -> None:
         self._device = self._allocator.device()
         self._start_us = self._clock_us()
         self._allocator.start(self.spec.max_entries)
+        try:
+            self._graphs.install()
+        except Exception as exc:  # no count of replays: the snapshot goes on
+            log.warning("inference-sidecar: CUDA graph replays not counted: %s", exc)
 
     def _step_began(self, n: int, new: bool) -> None:
         self._n = n
+        self._graphs.step_began()
 
     def _step_ended(self) -> None:
+        self._graphs.step_ended()
         # One clock read per step while recording; a step without work ends within the last working one.
         if self._n < 0:
             return
@@ -135,6 +147,7 @@ class MemorySnapshot(StepWindow):
             self._ends[self._n] = now
 
     def _stop_recording(self) -> None:
+        self._graphs.uninstall()
         snapshot, error = None, None
         try:  # nothing of this may reach the engine's step
             snapshot = self._allocator.snapshot()
@@ -165,7 +178,8 @@ class MemorySnapshot(StepWindow):
         file, size, note = self._write(snapshot)
         summary["raw_file"] = {"kept": file is not None, "bytes": size, "note": note}
         del snapshot
-        self._report_state(P_DONE, summary=summary, file=file, bytes=size, entries=summary["entries"])
+        self._report_state(P_DONE, summary=summary, file=file, bytes=size, entries=summary["entries"],
+                           graph_steps=self._graphs.steps, graph_replays=self._graphs.replays)
 
     def _write(self, snapshot: dict[str, Any]) -> tuple[str | None, int, str | None]:
         """(the raw snapshot's path, its size, None), or (None, bytes written, why it was not kept)."""

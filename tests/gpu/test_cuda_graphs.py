@@ -7,7 +7,7 @@ stream, replayed each step; the step's ``.sum()`` and planted ``.item()`` stay o
 * a sync scan still finds the planted ``.item()`` (outside the graph) and its notes say every step replayed one;
   the always-on watch finds it too;
 * module timing says the hooks saw no replayed step, rather than a table of zeros alone;
-* a memory snapshot ends done on the replaying worker;
+* a memory snapshot ends done on the replaying worker and says its steps replayed a graph;
 * the flight recorder's rows carry the allocator's bytes;
 * an nsys capture (no nsys attached: cudaProfilerStart/Stop are the real calls, with no tool to collect)
   marks every step with the real NVTX calls.
@@ -92,6 +92,8 @@ def test_a_memory_snapshot_on_the_replaying_worker(gpu_host):
         assert job["state"] == "done", job
         worker = next(p for p in job["processes"] if p["role"] == "worker")
         assert worker["state"] == "done" and worker["steps_recorded"] == 3, worker
+        # A replay allocates nothing through the caching allocator: said in the notes, not left as zeros.
+        assert any("3 of 3 steps replayed a CUDA graph" in n for n in job["notes"]), job["notes"]
 
 
 def test_the_recorder_rows_carry_the_allocators_bytes(gpu_host):

@@ -201,6 +201,11 @@ class MemoryManager(SavedAsOneFile, JobManager[MemoryJob]):
 
     def _take_result(self, job: MemoryJob, rec: MemoryProcess, report: MemoryReport) -> None:
         rec.summary, rec.entries = report.summary, report.entries
+        if report.graph_steps:  # said, not left as zeros: sidecar/common/cuda_graphs.py
+            job.notes.append(f"{rec.label}: {report.graph_steps} of {report.steps_recorded} steps replayed a CUDA graph "
+                             f"({report.graph_replays} replays): a replay allocates nothing through the caching "
+                             "allocator (the graph's memory pool was taken when it was captured), so those steps' "
+                             "allocations are not in the history")
         if report.file and rec.conn is not None:
             rec.remote_file = report.file
             # Brought here now, while the process is surely there, not when every process is done.
