@@ -74,3 +74,49 @@ def test_the_vllm_demo_runs_as_a_module():
     proc = subprocess.run([sys.executable, "-m", "sidecar_vllm.demo", "--model", "/nonexistent"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "is not a model directory" in proc.stderr
+
+
+_SERVES_ON_SECOND_START = r"""
+import http.server, pathlib, socketserver, sys
+marker = pathlib.Path(sys.argv[2])
+if not marker.exists():
+    marker.touch()
+    print("OSError: [Errno 98] Address already in use", flush=True)
+    sys.exit(1)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+socketserver.TCPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+class _PortRaceStack(Stack):
+    """A server that exits with "Address already in use" the first time, as vLLM does when another
+    process took its port between ``free_port`` and its bind, and serves the second time."""
+
+    def server_command(self) -> list[str]:
+        return [sys.executable, "-c", _SERVES_ON_SECOND_START, str(self.server_port), str(self.work_dir / "tried")]
+
+
+class _AlwaysFailsStack(Stack):
+    def server_command(self) -> list[str]:
+        return [sys.executable, "-c", "import sys; print('some other failure'); sys.exit(1)"]
+
+
+def test_a_server_whose_port_was_taken_starts_again_on_a_new_port(tmp_path):
+    stack = _PortRaceStack(model_dir=tmp_path, work_dir=tmp_path)
+    first = stack.server_port
+    try:
+        stack.start_server(timeout=30)
+        assert (tmp_path / "tried").exists() and stack.server_port != first
+    finally:
+        stack.stop_server()
+
+
+def test_a_server_that_fails_otherwise_is_not_started_again(tmp_path):
+    stack = _AlwaysFailsStack(model_dir=tmp_path, work_dir=tmp_path)
+    first = stack.server_port
+    with pytest.raises(RuntimeError, match="exited with code 1"):
+        stack.start_server(timeout=30)
+    assert stack.server_port == first
+    assert (tmp_path / "server.log").read_text().count("some other failure") == 1

@@ -120,12 +120,27 @@ class Stack:
         self._stop(self._sidecar, kill)
         self._sidecar = None
 
-    def start_server(self, timeout: float = 240) -> None:
+    def start_server(self, timeout: float = 240, port_tries: int = 3) -> None:
+        """Start the engine's server and wait for its health check. Its port was free when chosen
+        (``free_port``) but another process can take it before the server binds it (two test
+        processes side by side): a server that exits saying so is started again on a new port."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.work_dir / self.log_name, "ab")
-        self._server = subprocess.Popen([*self.launcher, *self.server_command()], env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        self._wait(f"{self.server_url}{self.health_path}", timeout, self._server, self.engine_label, raw=True)
+        path = self.work_dir / self.log_name
+        for attempt in range(port_tries):
+            offset = path.stat().st_size if path.exists() else 0
+            log = open(path, "ab")
+            self._server = subprocess.Popen([*self.launcher, *self.server_command()], env=self._env(), stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                self._wait(f"{self.server_url}{self.health_path}", timeout, self._server, self.engine_label, raw=True)
+                return
+            except RuntimeError:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    taken = b"Address already in use" in f.read()
+                if not taken or attempt == port_tries - 1:
+                    raise
+                self.server_port = free_port()
 
     def stop_server(self) -> None:
         self._stop(self._server, kill=False)
