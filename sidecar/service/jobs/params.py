@@ -291,8 +291,16 @@ def parse_module_request(params: Mapping[str, str], max_steps: int,
                          connected_roles: Iterable[str] = ()) -> JobRequest:
     """``/modules/start``: steps (at most ``MAX_MODULE_STEPS``), delay, processes, instance, timeout_s."""
     _reject_unknown(params, MODULES_KNOWN)
-    return JobRequest(
-        steps=_int(params, "steps", 1, min(max_steps, MAX_MODULE_STEPS)),
+    return JobRequest(**_job_fields(params, max_steps, MAX_MODULE_STEPS, connected_roles))
+
+
+def _job_fields(params: Mapping[str, str], max_steps: int, kind_max_steps: int,
+                connected_roles: Iterable[str]) -> dict:
+    """The fields every job kind reads alike (``JobRequest``'s), checked in this order so that of
+    several bad values the same one is named as always; ``steps`` at most the smaller of the
+    sidecar's ``max_steps`` and the kind's own bound."""
+    return dict(
+        steps=_int(params, "steps", 1, min(max_steps, kind_max_steps)),
         delay=_int(params, "delay", 0, max_steps, default=0),
         processes=_processes(params.get("processes"), known_roles(connected_roles)),
         instance=_instance(params.get("instance")),
@@ -310,11 +318,7 @@ def parse_memory_request(params: Mapping[str, str], max_steps: int,
     """``/memory/start``: steps (at most ``MAX_MEMORY_STEPS``), max_entries, delay, processes, instance, timeout_s."""
     _reject_unknown(params, MEMORY_KNOWN)
     return MemoryRequest(
-        steps=_int(params, "steps", 1, min(max_steps, MAX_MEMORY_STEPS)),
-        delay=_int(params, "delay", 0, max_steps, default=0),
-        processes=_processes(params.get("processes"), known_roles(connected_roles)),
-        instance=_instance(params.get("instance")),
-        timeout_s=_timeout(params.get("timeout_s")),
+        **_job_fields(params, max_steps, MAX_MEMORY_STEPS, connected_roles),
         max_entries=_int(params, "max_entries", 1, MAX_MEMORY_ENTRIES, default=DEFAULT_MEMORY_ENTRIES),
     )
 
@@ -325,14 +329,7 @@ def parse_scan_request(params: Mapping[str, str], max_steps: int,
     baseline = params.get("baseline")
     if baseline is not None and not SCAN.is_id(baseline):
         raise ParamError("baseline", f"must be the id of an earlier scan (see /syncs), got {baseline!r}")
-    return ScanRequest(
-        steps=_int(params, "steps", 1, max_steps),
-        delay=_int(params, "delay", 0, max_steps, default=0),
-        processes=_processes(params.get("processes"), known_roles(connected_roles)),
-        instance=_instance(params.get("instance")),
-        timeout_s=_timeout(params.get("timeout_s")),
-        baseline=baseline,
-    )
+    return ScanRequest(**_job_fields(params, max_steps, max_steps, connected_roles), baseline=baseline)
 
 
 # -- the incident views -----------------------------------------------------------------------------
