@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("bench_hooks.py", "bench_instrument.py", "bench_ring.py", "bench_gpu_memory.py", "bench_capture.py", "bench_capture_options.py", "bench_sampler.py",
+BENCHMARKS = ("bench_hooks.py", "bench_instrument.py", "bench_ring.py", "bench_recorder_dump.py", "bench_gpu_memory.py", "bench_capture.py", "bench_capture_options.py", "bench_sampler.py",
               "bench_telemetry.py", "bench_analyze.py", "bench_syncs.py", "bench_merge.py", "bench_report.py",
               "bench_modules.py", "bench_exemplars.py", "bench_alert_chain.py", "bench_store.py", "bench_fleet.py",
               "bench_home_page.py")

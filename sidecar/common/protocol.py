@@ -117,7 +117,7 @@ import msgspec
 
 PROBE_WS_PATH = "/probe/ws"
 PROBE_MARKERS_DIR = "probes"  # <trace root>/probes/<hello.marker>: a probe's marker (sidecar/probe/capture/trace_root.py)
-RECORDER_DIR = "recorder"  # <trace root>/recorder/<probe file stem>-q<query id>.json: a recorder dump
+RECORDER_DIR = "recorder"  # <trace root>/recorder/<recorder_dump_name(...)>: a recorder dump
 # Private-use websocket close code: the sidecar refuses this probe (bad hello, other protocol
 # version, a wrong proof); the close frame's reason says why.
 CLOSE_REFUSED = 4400
@@ -479,6 +479,16 @@ class Query(_Message, tag="query", kw_only=True):
     # home page's refreshes ask for what is new since their last read. Optional: a probe that predates
     # it ignores it and sends its last ``seconds``, which the sidecar cuts the same way.
     since_ns: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
+    # recorder: each ring's rows as the ring holds them, written as msgpack (sidecar/common/packed_rows.py),
+    # which the sidecar turns into columns and cuts: none of that work in the engine's process. A probe
+    # that predates it ignores it and writes JSON, which the sidecar reads as before.
+    packed: bool = False
+
+
+def recorder_dump_name(probe_file_stem: str, query_id: int, packed: bool = False) -> str:
+    """The name of a recorder query's dump under ``RECORDER_DIR``: ``<stem>-q<id>.json``, or
+    ``.msgpack`` when the query asked for packed rows (``Query.packed``)."""
+    return f"{probe_file_stem}-q{int(query_id)}{'.msgpack' if packed else '.json'}"
 
 
 class Answer(_Message, tag="answer", kw_only=True):

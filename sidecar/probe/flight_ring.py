@@ -57,6 +57,7 @@ from threading import get_ident
 from time import time_ns
 from typing import Any, Callable, Mapping, Optional
 
+from ..common import packed_rows
 from ..common.config import ENV_RECORDER_STEPS, env_number
 from ..common.recorder_fields import GC_FIELDS, GPU_MEMORY_FIELDS, OUTCOMES, REQUEST_FIELDS, STEP_FIELDS, UNKNOWN_OUTCOME
 
@@ -114,39 +115,20 @@ class _PackedRows:
         slots, width = self._slots, self._row_bytes
         lo = first % slots
         hi = lo + count
+        view = memoryview(rows)  # slices of it copy nothing; a wrapped ring's two parts are joined in one copy
         if hi <= slots:
-            packed = rows[lo * width:hi * width]
+            packed = view[lo * width:hi * width]
             side_rows = side_copy[lo:hi] if side_copy is not None else None
         else:  # the rows wrap around the end of the buffer
-            packed = rows[lo * width:] + rows[:(hi - slots) * width]
+            packed = memoryview(b"".join((view[lo * width:], view[:(hi - slots) * width])))
             side_rows = side_copy[lo:] + side_copy[:hi - slots] if side_copy is not None else None
-        return n1, memoryview(packed).cast("q"), side_rows
+        return n1, packed.cast("q"), side_rows
 
     def _columns(self, flat: memoryview, keys: list[int], since_ns: int,
                  side: Optional[list] = None) -> list[list]:
-        """The columns of the rows whose key is >= ``since_ns`` (``side`` first when given). Rows are
-        in write order, which is clock order unless the wall clock was stepped back: then every key
-        is tested. Only the kept rows are turned into Python ints (a strided view's ``tolist``, in
-        C), which is most of a dump's time."""
-        fields = self._fields
-        picks: Optional[list[int]] = None
-        lo, hi = 0, len(keys)
-        if since_ns > 0 and keys == sorted(keys):  # the usual case, found in C: a bisection
-            lo = bisect_left(keys, since_ns)
-        elif since_ns > 0:
-            keep = [j for j, value in enumerate(keys) if value >= since_ns]
-            if not keep:
-                hi = 0
-            elif keep[-1] - keep[0] + 1 == len(keep):  # the usual case: a tail
-                lo, hi = keep[0], keep[-1] + 1
-            else:
-                picks = keep
-        if picks is None:
-            columns = [flat[lo * fields + k:hi * fields:fields].tolist() for k in range(fields)]
-            return [side[lo:hi], *columns] if side is not None else columns
-        whole = [flat[k::fields].tolist() for k in range(fields)]
-        return [[column[j] for j in picks] for column in ([side] if side is not None else []) + whole]
-
+        """The columns of the rows whose key is >= ``since_ns`` (``side`` first when given):
+        ``packed_rows.columns``, the rule the sidecar applies to a packed dump too."""
+        return packed_rows.columns(flat, self._fields, keys, since_ns, side)
 
     def _read_newest(self, newest: int) -> tuple[int, memoryview, bool]:
         """As ``_read`` (no side list) for the ``newest`` rows at most: (rows written when the read
@@ -297,10 +279,13 @@ class StepRing(_PackedRows):
             return None
         return (last_step - first_step) * 1e9 / (last_end - first_end)
 
-    def dump(self, since_ns: int = 0, *, tail: bool = False) -> dict[str, Any]:
+    def dump(self, since_ns: int = 0, *, tail: bool = False, packed: bool = False) -> dict[str, Any]:
         """The ring's rows, oldest first, those ending at or after ``since_ns``, as columns
         (JSON-able). Safe while ``end()`` runs on another thread. ``tail``: the caller asks for the
-        few newest rows (an incremental read, Query.since_ns): found by bisection (``_tail_columns``)."""
+        few newest rows (an incremental read, Query.since_ns): found by bisection (``_tail_columns``).
+        ``packed``: the rows as they are (sidecar/common/packed_rows.py), which the sidecar cuts."""
+        if packed:
+            return self._packed_dump(since_ns, tail)
         columns = None
         if tail and since_ns > 0:  # the newest rows only: a margin more than the ring says it has
             want = self._rows_since(since_ns) + TAIL_MARGIN_ROWS
@@ -314,8 +299,26 @@ class StepRing(_PackedRows):
             open_since = self.open_since_ns
             ends = flat[_STEP_END::len(self.fields)]
             columns = self._columns(flat, ends.tolist(), since_ns)
+        return self._dump(written, open_since, dict(zip(self.fields, columns)))
+
+    def _packed_dump(self, since_ns: int, tail: bool) -> dict[str, Any]:
+        """``dump(packed=True)``: the intact rows, those of a tail read where they reach back to
+        ``since_ns`` (their first row ends before it, or they are every row the ring holds), else
+        all. No row is unpacked here but the first of a tail."""
+        flat = None
+        if tail and since_ns > 0:
+            written, flat, whole = self._read_newest(self._rows_since(since_ns) + TAIL_MARGIN_ROWS)
+            open_since = self.open_since_ns
+            if not whole and (not len(flat) or flat[_STEP_END] >= since_ns):
+                flat = None
+        if flat is None:
+            written, flat, _ = self._read()
+            open_since = self.open_since_ns  # read after the rows, as in dump()
+        return self._dump(written, open_since, packed_rows.pack(flat, self.fields, since_ns))
+
+    def _dump(self, written: int, open_since: int, steps: dict[str, Any]) -> dict[str, Any]:
         dump = {"clock": "unix_ns", "capacity": self.capacity, "written": written,
-                "open_since_ns": open_since, "steps": dict(zip(self.fields, columns))}
+                "open_since_ns": open_since, "steps": steps}
         if self.gpu is not None:  # how its gpu_* columns were read (gpu_memory.py): step_end, sampled, pending
             dump["gpu_memory_source"] = self.gpu.source
         return dump
@@ -384,13 +387,16 @@ class GcPauses(_PackedRows):
         except Exception:  # see the class docstring: never raise from a GC callback
             self.errors += 1
 
-    def dump(self, since_ns: int = 0) -> dict[str, Any]:
+    def dump(self, since_ns: int = 0, *, packed: bool = False) -> dict[str, Any]:
         """Pauses oldest first, those ending at or after ``since_ns``, as columns (JSON-able), and
         the totals since the process started (scalars: ``min_pause_ns``, ``collections``,
-        ``pause_ns``, ``step_thread_pause_ns``)."""
+        ``pause_ns``, ``step_thread_pause_ns``). ``packed``: the rows as they are under ``"packed"``
+        (sidecar/common/packed_rows.py), which the sidecar cuts."""
         totals = {"min_pause_ns": self.min_pause_ns, "collections": self.collections, "pause_ns": self.pause_ns,
                   "step_thread_pause_ns": self.step_thread_pause_ns}
         _, flat, _ = self._read()
+        if packed:
+            return {"packed": packed_rows.pack(flat, GC_FIELDS, since_ns), **totals}
         fields = len(GC_FIELDS)
         ends = [start + duration for start, duration in zip(flat[0::fields].tolist(), flat[1::fields].tolist())]
         return {**dict(zip(GC_FIELDS, self._columns(flat, ends, since_ns))), **totals}
@@ -421,9 +427,13 @@ class RequestRing(_PackedRows):
                    prompt_tokens, output_tokens)
         self.written += 1
 
-    def dump(self, since_ns: int = 0) -> dict[str, list]:
-        """Requests oldest first, those finished at or after ``since_ns``, as columns (JSON-able)."""
+    def dump(self, since_ns: int = 0, *, packed: bool = False) -> dict[str, Any]:
+        """Requests oldest first, those finished at or after ``since_ns``, as columns (JSON-able).
+        ``packed``: the rows as they are, with their ids, under ``"packed"`` (outcomes as their index
+        in ``OUTCOMES``; sidecar/common/packed_rows.py), which the sidecar cuts."""
         _, flat, ids = self._read(self._ids)
+        if packed:
+            return {"packed": packed_rows.pack(flat, REQUEST_FIELDS, since_ns, ids)}
         finished = flat[_REQUEST_FINISHED::len(REQUEST_FIELDS)].tolist()
         dump = dict(zip(("id", *REQUEST_FIELDS), self._columns(flat, finished, since_ns, ids)))
         dump["outcome"] = [OUTCOMES[c] if 0 <= c < len(OUTCOMES) else UNKNOWN_OUTCOME for c in dump["outcome"]]

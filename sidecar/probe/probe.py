@@ -47,6 +47,7 @@ from ..common.protocol import (
     Verdict,
 )
 from ..common.protocol_codec import PROTOCOL_VERSION, decode_hello, encode
+from ..common.packed_rows import PACKED_FORMAT
 from ..stacks import threads as thread_stacks
 from .flight_ring import GcPauses, RequestRing, StepRing, capacity_from_environment
 from .gpu_memory import GpuMemory
@@ -221,7 +222,8 @@ class Probe:
                                                        endpoint or config.endpoint())
         self._queries = QueryAnswerer(
             send=self._link.send, recorder_dump=self.recorder_dump,
-            recorder_file=lambda query_id: self.trace_root.recorder_file(query_id, self.identity.probe_file_stem),
+            recorder_file=lambda query_id, packed=False: self.trace_root.recorder_file(
+                query_id, self.identity.probe_file_stem, packed),
             step_thread_id=self._step_thread_id, in_flight=in_flight)
 
     def start(self) -> "Probe":
@@ -504,17 +506,20 @@ class Probe:
         ring = self.ring
         return ring.step_thread_id if ring is not None else None
 
-    def recorder_dump(self, seconds: float = 0.0, since_ns: int = 0) -> dict[str, Any]:
+    def recorder_dump(self, seconds: float = 0.0, since_ns: int = 0, packed: bool = False) -> dict[str, Any]:
         """This process's flight recorder: its last ``seconds`` (0: all it holds), as the columns of
         each ring (sidecar/probe/flight_ring.py), with the requests in flight where it knows them.
-        ``since_ns``: no row that ended before it either (an incremental read: Query.since_ns)."""
+        ``since_ns``: no row that ended before it either (an incremental read: Query.since_ns).
+        ``packed``: each ring's rows as they are, cut by the sidecar (Query.packed)."""
         since = time.time_ns() - int(seconds * 1e9) if seconds > 0 else 0
         since = max(since, since_ns)
-        dump: dict[str, Any] = {"gc": self.gc_pauses.dump(since)}
+        dump: dict[str, Any] = {"gc": self.gc_pauses.dump(since, packed=packed)}
+        if packed:
+            dump["packed"] = PACKED_FORMAT
         if self.ring is not None:
-            dump["steps"] = self.ring.dump(since, tail=since_ns > 0)
+            dump["steps"] = self.ring.dump(since, tail=since_ns > 0, packed=packed)
         if self.request_ring is not None:
-            dump["requests"] = self.request_ring.dump(since)
+            dump["requests"] = self.request_ring.dump(since, packed=packed)
         if self._in_flight is not None:
             try:
                 dump["in_flight"] = self._in_flight()

@@ -5,9 +5,10 @@ link thread (a few ms), a stacks sampling and a recorder dump on a short-lived t
 (so the link keeps its heartbeats, and the export thread, which may be writing a capture, is not
 waited for). That is what lets a process whose step thread is stuck inside a forward still answer.
 
-A recorder dump can be larger than a channel frame, so it is written as JSON to
-``<trace root>/recorder/<stem>-q<id>.json`` (capture/trace_root.py) and the answer names that file; the
-sidecar reads it and deletes it. One the sidecar never took (it timed out, or restarted) is deleted
+A recorder dump can be larger than a channel frame, so it is written to a file and the answer names
+it: ``<trace root>/recorder/<stem>-q<id>.msgpack`` (capture/trace_root.py) when the query asks for packed
+rows (``Query.packed``: the rings' bytes, one msgpack encoding; the sidecar makes the columns), else
+JSON in ``<stem>-q<id>.json``. The sidecar reads it and deletes it. One the sidecar never took (it timed out, or restarted) is deleted
 by the process's next dump. Stacks and requests travel inline.
 
 One stacks or recorder query at a time: while a sampling or a dump runs, any other stacks query (a
@@ -29,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import msgspec
+
 from ..common.protocol import Answer, Query
 from ..common.step_window import clip
 from ..stacks import threads as thread_stacks
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 
 # An inline answer's data is held under this many bytes of JSON: the sidecar's frame limit is 1 MiB.
 MAX_INLINE_BYTES = 900_000
+DUMP_SUFFIXES = (".json", ".json.tmp", ".msgpack", ".msgpack.tmp")  # what _remove_older_dumps removes
 
 
 def busy_error(what: str, left_s: float) -> str:
@@ -62,9 +66,10 @@ class QueryAnswerer:
     def __init__(self, *, send: Callable[[Answer], None], recorder_dump: Callable[..., dict],
                  recorder_file: Callable[[int], str], step_thread_id: Callable[[], int | None],
                  in_flight: Callable[[], list[dict]] | None) -> None:
-        """``recorder_dump(seconds, since_ns=0)``: this process's rings (0: all they hold; ``since_ns``:
-        only rows ending at or after it, passed only when a query gives one); ``recorder_file(id)``:
-        where its dump goes (raises ValueError/OSError when it cannot); ``in_flight``: the requests
+        """``recorder_dump(seconds, since_ns=0, packed=False)``: this process's rings (0: all they
+        hold; ``since_ns``: only rows ending at or after it; ``packed``: rows as the rings hold them;
+        each passed only when a query gives it); ``recorder_file(id, packed=False)``: where its dump
+        goes (raises ValueError/OSError when it cannot); ``in_flight``: the requests
         this process knows in flight, or None where it knows none (an engine's worker)."""
         self._send = send
         self._recorder_dump = recorder_dump
@@ -107,16 +112,24 @@ class QueryAnswerer:
         return self._inline(query, sampler.run())
 
     def _dump_recorder(self, query: Query) -> Answer:
-        path = self._recorder_file(query.query_id)
+        path = self._recorder_file(query.query_id, True) if query.packed else self._recorder_file(query.query_id)
         # A refresh asks for the rows since its last read (Query.since_ns): a few seconds, not the ring.
-        dump = self._recorder_dump(query.seconds, since_ns=query.since_ns) if query.since_ns else \
-            self._recorder_dump(query.seconds)
+        options: dict[str, Any] = {}
+        if query.since_ns:
+            options["since_ns"] = query.since_ns
+        if query.packed:  # the rows as they are, one msgpack encoding: no Python int made per value here
+            options["packed"] = True
+        dump = self._recorder_dump(query.seconds, **options)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         _remove_older_dumps(path)
         tmp = path + ".tmp"
         try:
-            with open(tmp, "w") as f:
-                json.dump(dump, f, separators=(",", ":"))
+            if query.packed:
+                with open(tmp, "wb") as f:
+                    f.write(msgspec.msgpack.encode(dump))
+            else:
+                with open(tmp, "w") as f:
+                    json.dump(dump, f, separators=(",", ":"))
             os.replace(tmp, path)
         except BaseException:
             try:
@@ -181,7 +194,7 @@ def _remove_older_dumps(path: str) -> None:
     except OSError:
         return
     for other in names:
-        if other.startswith(prefix) and other != name and other.endswith((".json", ".json.tmp")):
+        if other.startswith(prefix) and other != name and other.endswith(DUMP_SUFFIXES):
             try:
                 os.unlink(os.path.join(folder, other))
             except OSError:

@@ -164,7 +164,8 @@ async def test_a_triggers_recording_waits_for_the_slot_and_covers_the_seconds_be
     probe.answer(query, data=SAMPLING)
     assert (await first).status == 200
     asked = await probe.next_query()
-    assert asked.kind == "recorder" and asked.seconds >= 30
+    assert asked.kind == "recorder" and asked.seconds >= 30 and asked.packed
+    # Answered as a probe that predates packed rows answers (Query.packed ignored): JSON, read as before.
     dump = tmp_path / "recorder" / f"{probe.conn.identity.probe_file_stem}-q{asked.query_id}.json"
     dump.parent.mkdir()
     dump.write_text(json.dumps({"steps": {}}))

@@ -215,6 +215,7 @@ async def test_tabs_share_one_refresh_a_busy_process_keeps_its_rows_and_an_idle_
     queries, conns = _Queries(), [_Conn(1), _Conn(2)]
     snapshots = await asyncio.gather(*(store.read(queries, conns, 60) for _ in range(6)))
     assert len(queries.asked) == 2 and store.refreshes == 1  # one query per process for six tabs
+    assert all(f["packed"] is True for f in queries.asked)  # rows as the rings hold them: no JSON made in the engine
     assert all(s.processes[0].error == "no answer within 10 s" for s in snapshots)
     await asyncio.sleep(0.6)
     with queries.slots.hold([conns[1]], Work("a stacks sampling of 60 s", 60)):

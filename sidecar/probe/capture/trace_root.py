@@ -19,7 +19,7 @@ import socket
 import time
 from pathlib import Path
 
-from ...common.protocol import JOB_ID_PATTERN, PROBE_MARKERS_DIR, RECORDER_DIR
+from ...common.protocol import JOB_ID_PATTERN, PROBE_MARKERS_DIR, RECORDER_DIR, recorder_dump_name
 from .marker import MAX_AGE_S, MarkerName
 
 CAPTURES = "captures"
@@ -44,10 +44,11 @@ class TraceRoot:
             raise ValueError(f"{job_id!r} is not a job id")
         return self._under_root(f"the trace file of capture {job_id}", stem, CAPTURES, job_id, RAW, stem + ".json")
 
-    def recorder_file(self, query_id: int, stem: str) -> str:
+    def recorder_file(self, query_id: int, stem: str, packed: bool = False) -> str:
         """Where this process writes its flight recorder's dump for query ``query_id`` (not created):
-        ``<root>/recorder/<stem>-q<id>.json``. The sidecar reads it and deletes it."""
-        return self._under_root("the recorder dump", stem, RECORDER_DIR, f"{stem}-q{int(query_id)}.json")
+        ``<root>/recorder/<stem>-q<id>.json`` (``.msgpack``: packed rows). The sidecar reads it and
+        deletes it."""
+        return self._under_root("the recorder dump", stem, RECORDER_DIR, recorder_dump_name(stem, query_id, packed))
 
     def make_marker(self, mine: MarkerName | None = None) -> str:
         """Create this process's marker file, ``<root>/probes/<mine.name>`` (marker.py; None: this

@@ -17,7 +17,10 @@ import json
 import time
 from pathlib import Path
 
-from ...common.protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS, RECORDER_DIR
+import msgspec
+
+from ...common import packed_rows
+from ...common.protocol import MAX_QUERY_SECONDS, MAX_SAMPLE_SECONDS, RECORDER_DIR, recorder_dump_name
 from ..channel import file_fetch
 from ..export import safe_files
 from . import recorder_clock
@@ -66,7 +69,7 @@ async def gather_recording(queries: QueryBroker, conns: list, seconds: float, *,
 
 async def _ask(queries: QueryBroker, conns: list, seconds: float) -> dict[int, tuple]:
     """Each connection's (process JSON, dump or None, error or None), by connection id."""
-    replies = await queries.ask(conns, {"kind": "recorder", "seconds": seconds}, RECORDER_TIMEOUT_S)
+    replies = await queries.ask(conns, {"kind": "recorder", "seconds": seconds, "packed": True}, RECORDER_TIMEOUT_S)
     return {reply.conn.id: await read_reply(reply) for reply in replies}
 
 
@@ -76,14 +79,17 @@ async def read_reply(reply) -> tuple:
     loop = asyncio.get_running_loop()
     dump, error = None, reply.error
     if reply.answer is not None and error is None:
-        expected = f"{reply.conn.identity.probe_file_stem}-q{reply.answer.query_id}.json"
+        # Packed rows (Query.packed) come as .msgpack; a probe that predates them writes .json.
+        packed = (reply.answer.file or "").endswith(".msgpack")
+        expected = recorder_dump_name(reply.conn.identity.probe_file_stem, reply.answer.query_id, packed)
         try:
             if reply.conn.shares_files:
                 dump = await loop.run_in_executor(None, read_dump, reply.answer.file, expected)
             else:  # another host: the dump comes over the channel (sidecar/service/channel/file_fetch.py)
                 if os.path.basename(reply.answer.file or "") != expected:
                     raise ValueError(f"{reply.answer.file!r} is not this query's recorder dump")
-                dump = json.loads(await file_fetch.fetch_bytes(reply.conn, reply.answer.file, MAX_DUMP_BYTES))
+                raw = await file_fetch.fetch_bytes(reply.conn, reply.answer.file, MAX_DUMP_BYTES)
+                dump = await loop.run_in_executor(None, decode_dump, raw, expected)
         except (OSError, ValueError, file_fetch.FetchError) as exc:
             error = f"its recorder dump could not be read: {exc}"
     if isinstance(dump, dict):  # on the sidecar's clock where the probe's is measurably off (another host)
@@ -104,7 +110,7 @@ def read_dump(reported: str | None, expected_name: str) -> dict:
     folder = os.path.dirname(path)
     try:  # only that folder's own regular file (a trace root may be a shared volume)
         with safe_files.open_in_folder(Path(folder), expected_name) as f:
-            return json.loads(f.read())
+            return decode_dump(f.read(), expected_name)
     except safe_files.NotInFolder as exc:
         raise ValueError(f"{reported!r}: {exc}") from None
     finally:
@@ -112,3 +118,15 @@ def read_dump(reported: str | None, expected_name: str) -> dict:
             os.unlink(os.path.join(folder, expected_name))
         except OSError:
             pass
+
+
+def decode_dump(raw: bytes, name: str) -> dict:
+    """A dump file's bytes as the JSON dump: a ``.msgpack`` one's packed rows made into columns and
+    cut here, in the sidecar (sidecar/common/packed_rows.py). ValueError when it is neither."""
+    if not name.endswith(".msgpack"):
+        return json.loads(raw)
+    try:
+        decoded = msgspec.msgpack.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not msgpack: {exc}") from None
+    return packed_rows.unpack_dump(decoded)

@@ -2,8 +2,8 @@
 /recorder/timeline``, recorder_timeline.py), read from the engine a few seconds at a time.
 
 Why a store: the page refreshes every few seconds while it is open, and a plain recorder read makes
-every probe dump its whole window (a full step ring is 65,536 rows, tens of MiB of JSON written by a
-thread of the engine process). Here the first read of a window asks for it whole, once; every later
+every probe copy its whole window (a full step ring is 65,536 rows, 5 MiB; rows travel packed,
+``Query.packed``, and this process makes their columns). Here the first read of a window asks for it whole, once; every later
 read asks each probe only for the rows that ended since the previous read (``Query.since_ns``, less
 ``OVERLAP_NS`` for a row written just after a read began: a request is added to its ring a moment
 after its finish time), and the answers' rows are appended to a per-process copy, duplicates dropped.
@@ -236,7 +236,7 @@ class RecorderWindows:
                 held = self._rows.get(conn.id)
                 whole = held is None or held.complete_since_ns > horizon or held.read_ns == 0
                 since = horizon if whole else max(horizon, held.read_ns - OVERLAP_NS)
-                fields: dict[str, Any] = {"kind": "recorder",
+                fields: dict[str, Any] = {"kind": "recorder", "packed": True,
                                           "seconds": min(MAX_QUERY_SECONDS, (now - since) / 1e9 + 1.0)}
                 if not whole:  # on the probe's clock: the sidecar's moved back by its measured offset
                     fields["since_ns"] = max(1, since + conn.clock.correction_ns)
