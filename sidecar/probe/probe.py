@@ -423,33 +423,18 @@ class Probe:
 
     def _arm_modules(self, spec: ModuleSpec) -> None:
         """A module-timing job in the second slot (modules_job.py); refused where no model is known."""
-        current = self._scan
-        problem = None
-        if current is not None and not current.finished:
-            problem = f"job {current.spec.id} still running here"
-        elif self._model is None:
-            problem = "this process has no model known to its probe"
-        else:
-            problem = self.limits.steps_problem(spec.steps)
+        problem = self._second_slot_problem(spec) or (
+            "this process has no model known to its probe" if self._model is None else None)
         if problem is not None:
-            log.warning("inference-sidecar: module timing %s refused: %s", spec.id, problem)
-            self._link.send(ModuleReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
+            self._refuse("module timing", ModuleReport, spec.id, problem)
             return
-        job = ModuleTiming(spec, self._link.send, self._model, self._exporter, cuda=self.identity.cuda)
-        job.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
-        self._scan = job
-        job.report_armed(self.steps, self._recent_rate())
+        self._take_second_slot(ModuleTiming(spec, self._link.send, self._model, self._exporter, cuda=self.identity.cuda))
 
     def _arm_memory(self, spec: MemorySpec) -> None:
         """A memory snapshot in the second slot (memory_job.py); refused without CUDA or a step loop."""
-        current = self._scan
-        problem, path = None, ""
-        if current is not None and not current.finished:
-            problem = f"job {current.spec.id} still running here"
-        elif not self.identity.cuda or not self.identity.step_driven:
+        problem, path = self._second_slot_problem(spec), ""
+        if problem is None and (not self.identity.cuda or not self.identity.step_driven):
             problem = "this process has no CUDA caching allocator to record (no CUDA, or no engine steps)"
-        else:
-            problem = self.limits.steps_problem(spec.steps)
         if problem is None:
             try:  # the probe's own root, never a path from the message
                 path = self.trace_root.capture_file(spec.id, self.identity.probe_file_stem)[: -len(".json")]
@@ -457,34 +442,42 @@ class Probe:
             except (ValueError, OSError) as exc:
                 problem = f"cannot write a snapshot here: {exc}"
         if problem is not None:
-            log.warning("inference-sidecar: memory snapshot %s refused: %s", spec.id, problem)
-            self._link.send(MemoryReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
+            self._refuse("memory snapshot", MemoryReport, spec.id, problem)
             return
         allocator = self._allocator if self._allocator is not None else TorchAllocator()
-        job = MemorySnapshot(spec, self._link.send, allocator, self._exporter, path,
-                             max_bytes=min(spec.max_bytes, self.limits.max_trace_bytes))
-        job.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
-        self._scan = job
-        job.report_armed(self.steps, self._recent_rate())
+        self._take_second_slot(MemorySnapshot(spec, self._link.send, allocator, self._exporter, path,
+                                              max_bytes=min(spec.max_bytes, self.limits.max_trace_bytes)))
 
     def _arm_scan(self, spec: SyncSpec) -> None:
-        current = self._scan
-        if current is not None and not current.finished:
-            self._link.send(SyncReport(job_id=spec.id, state=P_FAILED, error=f"scan {current.spec.id} still running here"))
-            return
-        problem = self.limits.steps_problem(spec.steps)
+        problem = self._second_slot_problem(spec, "scan")
         if problem is not None:
-            log.warning("inference-sidecar: scan %s refused: %s", spec.id, problem)
-            self._link.send(SyncReport(job_id=spec.id, state=P_FAILED, error=clip(problem)))
+            self._refuse("scan", SyncReport, spec.id, problem)
             return
         try:
             scan = sync_tools.new_scan(spec, self._link.send, self.profile)
         except Exception as exc:
             self._link.send(SyncReport(job_id=spec.id, state=P_FAILED, error=clip(f"cannot start a scan here: {exc}")))
             return
-        scan.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
-        self._scan = scan
-        scan.report_armed(self.steps, self._recent_rate())
+        self._take_second_slot(scan)
+
+    # -- the second slot: a sync scan, a module timing or a memory snapshot, one at a time --------------
+    def _second_slot_problem(self, spec, held_name: str = "job") -> str | None:
+        """Why a job of the second slot cannot be armed here on its face (None: it can): the slot is
+        held by a job still running (named ``<held_name> <id>``), or its steps are over the limit."""
+        current = self._scan
+        if current is not None and not current.finished:
+            return f"{held_name} {current.spec.id} still running here"
+        return self.limits.steps_problem(spec.steps)
+
+    def _refuse(self, what: str, report, job_id: str, problem: str) -> None:
+        log.warning("inference-sidecar: %s %s refused: %s", what, job_id, problem)
+        self._link.send(report(job_id=job_id, state=P_FAILED, error=clip(problem)))
+
+    def _take_second_slot(self, job) -> None:
+        """``job`` holds the second slot from now on, bounded in time like a capture, and says so."""
+        job.limit_time(self.limits.max_capture_s, self.limits.duration_reason)
+        self._scan = job
+        job.report_armed(self.steps, self._recent_rate())
 
     def _report_capture(self, msg: CaptureReport) -> None:
         self._link.send(msg)
