@@ -2,9 +2,9 @@
 
 A ring (sidecar/probe/flight_ring.py) holds rows of int64 values in one buffer. A JSON dump turns each
 value into a Python int and then into text on a thread of the engine's process, which holds its GIL
-for most of that work: for a full step ring (65,536 rows), 43 ms of ``tolist`` (one call held it
-12 ms) and 630 ms of ``json.dump`` in steps of up to 8 ms, during which the engine's step thread
-waits for the GIL again and again (measured on the 2-core development host). A packed dump sends
+for most of that work, while the engine's step thread waits for it again and again: for full rings,
+465 ms of the dump thread and a step thread kept waiting up to 97 ms, against 15 ms and 6.5 ms packed
+(benchmarks/bench_recorder_dump.py, docs/benchmarks.md). A packed dump sends
 the intact rows as the bytes the ring holds instead: the probe copies a buffer and writes it (one
 ``msgspec.msgpack`` encoding, a copy), and the sidecar, in its own process, makes the columns and
 cuts them to the window the query asked for, by the same rule the probe's JSON dump applies
