@@ -218,7 +218,9 @@ async def test_a_scan_a_module_timing_and_a_triggers_recorder_dump_are_stored(si
     shared = tmp_path / "bucket"
     client = await sidecar(store_url=f"file://{shared}", store_instance="pod-a")
     resp = await client.post("/triggers", json={"metric": "step_duration", "threshold_ms": 300, "cooldown_s": 600,
-                                                "action": {"recorder_seconds": 30}})
+                                                # No capture: its job would hold the board when the module
+                                                # timing starts (a 409, once, when the slow step came then).
+                                                "action": {"recorder_seconds": 30, "capture_steps": 0}})
     assert resp.status == 201, await resp.text()
     trigger = (await resp.json())["id"]
     engines(client.url, "worker", "--rank", "0", "--step-ms", "20", "--model", "--slow-step-at", "60",
@@ -238,8 +240,10 @@ async def test_a_scan_a_module_timing_and_a_triggers_recorder_dump_are_stored(si
     scan = await final(f"/sync/{scan_id}")
     assert scan["stored"] == {"url": f"file://{shared}/scans/{scan_id}.json", "state": "stored", "error": None}
     assert json.loads((shared / "scans" / f"{scan_id}.json").read_text())["sites"] == scan["sites"]
-    job_id = (await (await client.post("/modules/start", params={"steps": "2"})).json())["id"]
-    timing = await final(f"/modules/{job_id}")
+    started = await client.post("/modules/start", params={"steps": "2"})
+    assert started.status == 202, await started.text()
+    timing = await final(f"/modules/{(await started.json())['id']}")
+    job_id = timing["id"]
     assert timing["state"] == "done" and timing["stored"]["state"] == "stored"
     assert json.loads((shared / "modules" / f"{job_id}.json").read_text())["modules"] == timing["modules"]
     for _ in range(300):
