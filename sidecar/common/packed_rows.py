@@ -29,7 +29,7 @@ FIELD_BYTES = 8
 PACKED_FORMAT = 1  # a dump's "packed" member: its rings carry packed rows (this module)
 
 
-def columns(flat: Sequence[int], fields: int, keys: list[int], since_ns: int,
+def columns(flat: memoryview, fields: int, keys: list[int], since_ns: int,
             side: Optional[list] = None) -> list[list]:
     """The columns of the rows of ``flat`` (row after row of ``fields`` values) whose key is at or
     after ``since_ns`` (``side``, one entry per row, first when given). Rows are in write order, which
@@ -54,9 +54,8 @@ def columns(flat: Sequence[int], fields: int, keys: list[int], since_ns: int,
     return [[column[j] for j in picks] for column in ([list(side)] if side is not None else []) + whole]
 
 
-def _strided(flat: Sequence[int], start: int, stop: int, step: int) -> list[int]:
-    part = flat[start:stop:step]
-    return part.tolist() if hasattr(part, "tolist") else list(part)
+def _strided(flat: memoryview, start: int, stop: int, step: int) -> list[int]:
+    return flat[start:stop:step].tolist()
 
 
 def pack(flat: memoryview, fields: Sequence[str], since_ns: int, ids: Optional[list] = None) -> dict[str, Any]:
